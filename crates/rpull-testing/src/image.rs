@@ -1,0 +1,537 @@
+//! `ImageBuilder` / `IndexBuilder`: images assembled from layers into a config, a manifest (OCI or
+//! Docker schema 2) and optionally an index / manifest list, written as an OCI layout or pushed.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+use crate::layer::{Blob, Compression, LayerBuilder, sha256_digest};
+
+/// Media types used by the builders.
+pub mod media_type {
+    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+    pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    pub const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+    pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+    pub const OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+    pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+    pub const DOCKER_MANIFEST_LIST: &str =
+        "application/vnd.docker.distribution.manifest.list.v2+json";
+    pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+    pub const DOCKER_LAYER_TAR: &str = "application/vnd.docker.image.rootfs.diff.tar";
+    pub const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+}
+
+/// Which family of media types the manifest, config, layers and index use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ManifestFormat {
+    #[default]
+    Oci,
+    /// Docker image manifest v2 schema 2 and manifest list. (zstd layers keep the OCI type,
+    /// as docker itself does.)
+    Docker,
+}
+
+impl ManifestFormat {
+    pub fn manifest_media_type(self) -> &'static str {
+        match self {
+            ManifestFormat::Oci => media_type::OCI_MANIFEST,
+            ManifestFormat::Docker => media_type::DOCKER_MANIFEST,
+        }
+    }
+
+    pub fn index_media_type(self) -> &'static str {
+        match self {
+            ManifestFormat::Oci => media_type::OCI_INDEX,
+            ManifestFormat::Docker => media_type::DOCKER_MANIFEST_LIST,
+        }
+    }
+
+    pub fn config_media_type(self) -> &'static str {
+        match self {
+            ManifestFormat::Oci => media_type::OCI_CONFIG,
+            ManifestFormat::Docker => media_type::DOCKER_CONFIG,
+        }
+    }
+
+    pub fn layer_media_type(self, compression: Compression) -> &'static str {
+        match (self, compression) {
+            (ManifestFormat::Oci, Compression::None) => media_type::OCI_LAYER_TAR,
+            (ManifestFormat::Oci, Compression::Gzip) => media_type::OCI_LAYER_GZIP,
+            (_, Compression::Zstd) => media_type::OCI_LAYER_ZSTD,
+            (ManifestFormat::Docker, Compression::None) => media_type::DOCKER_LAYER_TAR,
+            (ManifestFormat::Docker, Compression::Gzip) => media_type::DOCKER_LAYER_GZIP,
+        }
+    }
+}
+
+/// `os/architecture[/variant]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Platform {
+    pub os: String,
+    pub architecture: String,
+    pub variant: Option<String>,
+}
+
+impl Platform {
+    pub fn new(os: &str, architecture: &str, variant: Option<&str>) -> Self {
+        Platform {
+            os: os.to_owned(),
+            architecture: architecture.to_owned(),
+            variant: variant.map(str::to_owned),
+        }
+    }
+
+    pub fn linux_amd64() -> Self {
+        Self::new("linux", "amd64", None)
+    }
+
+    pub fn linux_arm64() -> Self {
+        Self::new("linux", "arm64", Some("v8"))
+    }
+
+    /// The platform of the machine running the test (what a pull selects by default).
+    pub fn host() -> Self {
+        let architecture = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            "x86" => "386",
+            "powerpc64" => "ppc64le",
+            other => other,
+        };
+        Self::new("linux", architecture, None)
+    }
+
+    fn to_json(&self) -> Value {
+        let mut value = json!({ "os": self.os, "architecture": self.architecture });
+        if let Some(variant) = &self.variant {
+            value["variant"] = json!(variant);
+        }
+        value
+    }
+}
+
+/// Where a layer's compressed bytes live.
+#[derive(Debug, Clone)]
+pub enum LayerData {
+    Memory(Bytes),
+    /// A file written by `layer_from_dir` (too big to hold in memory).
+    File(PathBuf),
+}
+
+/// A layer blob of an image.
+#[derive(Debug, Clone)]
+pub struct ImageLayer {
+    /// Digest of the compressed blob.
+    pub digest: String,
+    /// Digest of the uncompressed tar (the config's `rootfs.diff_ids` entry).
+    pub diff_id: String,
+    pub size: u64,
+    pub compression: Compression,
+    pub media_type: String,
+    pub data: LayerData,
+}
+
+impl ImageLayer {
+    /// A layer from an uncompressed tar held in memory.
+    pub fn from_tar(tar: &[u8], compression: Compression) -> Self {
+        let compressed = Bytes::from(compression.compress(tar));
+        ImageLayer {
+            digest: sha256_digest(&compressed),
+            diff_id: sha256_digest(tar),
+            size: compressed.len() as u64,
+            compression,
+            media_type: String::new(),
+            data: LayerData::Memory(compressed),
+        }
+    }
+
+    pub fn descriptor(&self) -> Value {
+        json!({ "mediaType": self.media_type, "digest": self.digest, "size": self.size })
+    }
+
+    /// The compressed bytes (reads the file for file-backed layers).
+    pub fn bytes(&self) -> Result<Bytes> {
+        match &self.data {
+            LayerData::Memory(bytes) => Ok(bytes.clone()),
+            LayerData::File(path) => Ok(fs_err::read(path)?.into()),
+        }
+    }
+}
+
+/// Builds one image (config + manifest) from layers.
+#[derive(Debug, Clone)]
+pub struct ImageBuilder {
+    format: ManifestFormat,
+    platform: Platform,
+    layers: Vec<ImageLayer>,
+    env: Vec<String>,
+    cmd: Option<Vec<String>>,
+    labels: serde_json::Map<String, Value>,
+    config_overrides: serde_json::Map<String, Value>,
+}
+
+impl Default for ImageBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ImageBuilder {
+    /// An OCI image for the host platform with no layers.
+    pub fn new() -> Self {
+        ImageBuilder {
+            format: ManifestFormat::Oci,
+            platform: Platform::host(),
+            layers: Vec::new(),
+            env: vec![
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+            ],
+            cmd: None,
+            labels: serde_json::Map::new(),
+            config_overrides: serde_json::Map::new(),
+        }
+    }
+
+    pub fn format(mut self, format: ManifestFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    pub fn platform(mut self, platform: Platform) -> Self {
+        self.platform = platform;
+        self
+    }
+
+    pub fn layer(self, layer: LayerBuilder, compression: Compression) -> Self {
+        self.layer_tar(&layer.build(), compression)
+    }
+
+    pub fn layer_tar(mut self, tar: &[u8], compression: Compression) -> Self {
+        self.layers.push(ImageLayer::from_tar(tar, compression));
+        self
+    }
+
+    /// A layer prepared elsewhere: `layer_from_dir`, or a hand-made `ImageLayer` with a wrong
+    /// `diff_id` or media type for negative tests (a non-empty `media_type` is kept as is).
+    pub fn image_layer(mut self, layer: ImageLayer) -> Self {
+        self.layers.push(layer);
+        self
+    }
+
+    pub fn env(mut self, entry: &str) -> Self {
+        self.env.push(entry.to_owned());
+        self
+    }
+
+    pub fn cmd(mut self, cmd: &[&str]) -> Self {
+        self.cmd = Some(cmd.iter().map(|s| (*s).to_owned()).collect());
+        self
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_owned(), json!(value));
+        self
+    }
+
+    /// Overrides a top-level key of the config JSON (after everything else is filled in).
+    pub fn config_value(mut self, key: &str, value: Value) -> Self {
+        self.config_overrides.insert(key.to_owned(), value);
+        self
+    }
+
+    pub fn build(self) -> Image {
+        let format = self.format;
+        let layers: Vec<ImageLayer> = self
+            .layers
+            .into_iter()
+            .map(|mut layer| {
+                if layer.media_type.is_empty() {
+                    layer.media_type = format.layer_media_type(layer.compression).to_owned();
+                }
+                layer
+            })
+            .collect();
+
+        let mut container_config = json!({ "Env": self.env });
+        if let Some(cmd) = self.cmd {
+            container_config["Cmd"] = json!(cmd);
+        }
+        if !self.labels.is_empty() {
+            container_config["Labels"] = Value::Object(self.labels);
+        }
+        let created = "2023-11-14T22:13:20Z";
+        let mut config = self.platform.to_json();
+        config["created"] = json!(created);
+        config["config"] = container_config;
+        config["rootfs"] = json!({
+            "type": "layers",
+            "diff_ids": layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>(),
+        });
+        config["history"] = Value::Array(
+            (0..layers.len())
+                .map(|i| json!({ "created": created, "created_by": format!("rpull-testing layer {i}") }))
+                .collect(),
+        );
+        for (key, value) in self.config_overrides {
+            config[key] = value;
+        }
+        let config = Blob::new(to_json_bytes(&config), format.config_media_type());
+
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": format.manifest_media_type(),
+            "config": config.descriptor(),
+            "layers": layers.iter().map(ImageLayer::descriptor).collect::<Vec<_>>(),
+        });
+        let manifest = Blob::new(to_json_bytes(&manifest), format.manifest_media_type());
+        Image {
+            format,
+            platform: self.platform,
+            config,
+            layers,
+            manifest,
+        }
+    }
+}
+
+fn to_json_bytes(value: &Value) -> Vec<u8> {
+    serde_json::to_vec_pretty(value).expect("serializing JSON")
+}
+
+/// A built image: every blob with its digest.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub format: ManifestFormat,
+    pub platform: Platform,
+    pub config: Blob,
+    pub layers: Vec<ImageLayer>,
+    pub manifest: Blob,
+}
+
+impl Image {
+    pub fn diff_ids(&self) -> Vec<String> {
+        self.layers
+            .iter()
+            .map(|layer| layer.diff_id.clone())
+            .collect()
+    }
+
+    /// The manifest descriptor as an index lists it (with platform).
+    pub fn index_descriptor(&self) -> Value {
+        let mut descriptor = self.manifest.descriptor();
+        descriptor["platform"] = self.platform.to_json();
+        descriptor
+    }
+
+    /// Writes an OCI image layout (`oci-layout`, `index.json` with the
+    /// `org.opencontainers.image.ref.name` annotation, `blobs/sha256/...`), e.g. for
+    /// `umoci unpack --image DIR:TAG`. Adds to an existing layout.
+    pub fn write_oci_layout(&self, dir: &Path, tag: &str) -> Result<()> {
+        let layout = OciLayout::open(dir)?;
+        self.write_blobs(&layout)?;
+        layout.add_ref(self.manifest.descriptor(), tag)
+    }
+
+    fn write_blobs(&self, layout: &OciLayout) -> Result<()> {
+        for layer in &self.layers {
+            let target = layout.blob_path(&layer.digest);
+            match &layer.data {
+                LayerData::Memory(bytes) => fs_err::write(&target, bytes)?,
+                LayerData::File(path) => {
+                    fs_err::copy(path, &target)?;
+                }
+            }
+        }
+        fs_err::write(layout.blob_path(&self.config.digest), &self.config.bytes)?;
+        fs_err::write(
+            layout.blob_path(&self.manifest.digest),
+            &self.manifest.bytes,
+        )?;
+        Ok(())
+    }
+}
+
+/// Builds an OCI image index or Docker manifest list over several images.
+#[derive(Debug, Clone, Default)]
+pub struct IndexBuilder {
+    format: ManifestFormat,
+    images: Vec<Image>,
+}
+
+impl IndexBuilder {
+    pub fn new(format: ManifestFormat) -> Self {
+        IndexBuilder {
+            format,
+            images: Vec::new(),
+        }
+    }
+
+    /// Adds an image; its platform goes into the index entry.
+    pub fn image(mut self, image: Image) -> Self {
+        self.images.push(image);
+        self
+    }
+
+    pub fn build(self) -> ImageIndex {
+        let index = json!({
+            "schemaVersion": 2,
+            "mediaType": self.format.index_media_type(),
+            "manifests": self.images.iter().map(Image::index_descriptor).collect::<Vec<_>>(),
+        });
+        let index = Blob::new(to_json_bytes(&index), self.format.index_media_type());
+        ImageIndex {
+            format: self.format,
+            images: self.images,
+            index,
+        }
+    }
+}
+
+/// A built index and its images.
+#[derive(Debug, Clone)]
+pub struct ImageIndex {
+    pub format: ManifestFormat,
+    pub images: Vec<Image>,
+    pub index: Blob,
+}
+
+impl ImageIndex {
+    /// The image for `platform`, if the index has one.
+    pub fn image_for(&self, platform: &Platform) -> Option<&Image> {
+        self.images.iter().find(|image| &image.platform == platform)
+    }
+
+    /// Writes an OCI layout whose `index.json` points at this index blob under `tag`.
+    pub fn write_oci_layout(&self, dir: &Path, tag: &str) -> Result<()> {
+        let layout = OciLayout::open(dir)?;
+        for image in &self.images {
+            image.write_blobs(&layout)?;
+        }
+        fs_err::write(layout.blob_path(&self.index.digest), &self.index.bytes)?;
+        layout.add_ref(self.index.descriptor(), tag)
+    }
+}
+
+struct OciLayout {
+    dir: PathBuf,
+}
+
+impl OciLayout {
+    fn open(dir: &Path) -> Result<OciLayout> {
+        fs_err::create_dir_all(dir.join("blobs/sha256"))?;
+        fs_err::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        Ok(OciLayout {
+            dir: dir.to_owned(),
+        })
+    }
+
+    fn blob_path(&self, digest: &str) -> PathBuf {
+        let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+        self.dir.join("blobs/sha256").join(hex)
+    }
+
+    fn add_ref(&self, mut descriptor: Value, tag: &str) -> Result<()> {
+        let index_path = self.dir.join("index.json");
+        let mut index: Value = match fs_err::read(&index_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .with_context(|| format!("parsing {}", index_path.display()))?,
+            Err(_) => {
+                json!({ "schemaVersion": 2, "mediaType": media_type::OCI_INDEX, "manifests": [] })
+            }
+        };
+        descriptor["annotations"] = json!({ "org.opencontainers.image.ref.name": tag });
+        let manifests = index["manifests"]
+            .as_array_mut()
+            .context("index.json without manifests")?;
+        manifests.retain(|m| m["annotations"]["org.opencontainers.image.ref.name"] != json!(tag));
+        manifests.push(descriptor);
+        fs_err::write(&index_path, to_json_bytes(&index))?;
+        Ok(())
+    }
+}
+
+/// `sha256:<hex>` of a file, streamed.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = fs_err::File::open(path)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(format!("sha256:{}", hex::encode(hasher.finalize())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_config_and_diff_ids_agree() {
+        let tar = LayerBuilder::new().file("a", "1", 0o644).build();
+        for format in [ManifestFormat::Oci, ManifestFormat::Docker] {
+            let image = ImageBuilder::new()
+                .format(format)
+                .layer_tar(&tar, Compression::Gzip)
+                .layer(LayerBuilder::new().file("b", "2", 0o644), Compression::Zstd)
+                .build();
+            let manifest: Value = serde_json::from_slice(&image.manifest.bytes).unwrap();
+            assert_eq!(manifest["mediaType"], format.manifest_media_type());
+            assert_eq!(manifest["config"]["digest"], image.config.digest.as_str());
+            assert_eq!(manifest["config"]["mediaType"], format.config_media_type());
+            assert_eq!(
+                manifest["layers"][0]["mediaType"],
+                format.layer_media_type(Compression::Gzip)
+            );
+            assert_eq!(
+                manifest["layers"][1]["mediaType"],
+                media_type::OCI_LAYER_ZSTD
+            );
+            let config: Value = serde_json::from_slice(&image.config.bytes).unwrap();
+            assert_eq!(
+                config["rootfs"]["diff_ids"][0],
+                sha256_digest(&tar).as_str()
+            );
+            assert_eq!(config["os"], "linux");
+            for layer in &image.layers {
+                assert_eq!(sha256_digest(&layer.bytes().unwrap()), layer.digest);
+            }
+        }
+    }
+
+    #[test]
+    fn oci_layout_lists_tags() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ImageBuilder::new()
+            .layer(LayerBuilder::new().file("a", "1", 0o644), Compression::Gzip)
+            .build();
+        let b = ImageBuilder::new()
+            .layer(LayerBuilder::new().file("b", "2", 0o644), Compression::None)
+            .build();
+        a.write_oci_layout(dir.path(), "a").unwrap();
+        b.write_oci_layout(dir.path(), "b").unwrap();
+        a.write_oci_layout(dir.path(), "a").unwrap();
+        let index: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("index.json")).unwrap()).unwrap();
+        let refs: Vec<_> = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                m["annotations"]["org.opencontainers.image.ref.name"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(refs, ["b", "a"]);
+        for digest in [&a.manifest.digest, &a.config.digest, &a.layers[0].digest] {
+            let path = dir
+                .path()
+                .join("blobs/sha256")
+                .join(digest.strip_prefix("sha256:").unwrap());
+            assert_eq!(&sha256_file(&path).unwrap(), digest);
+        }
+    }
+}
