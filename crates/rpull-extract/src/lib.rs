@@ -1,1 +1,26 @@
-//! rpull-extract
+//! Apply OCI image layers (uncompressed tar streams) to a directory tree, confined to its root.
+//!
+//! Layer 0 is extracted straight into the root with [`extract_layer`]; every later layer is extracted
+//! into its own empty staging directory (concurrently with the others) and then applied in order with
+//! [`merge_layer`]. [`finalize_tree`] applies directory metadata once every layer is merged.
+//! See `docs/design.md` for the pipeline and the confinement rules.
+
+mod backend;
+mod error;
+mod extract;
+mod finalize;
+mod merge;
+mod metadata;
+mod name;
+mod options;
+mod remove;
+mod resolve;
+mod summary;
+
+pub use backend::{IoBackend, StdBackend};
+pub use error::ExtractError;
+pub use extract::extract_layer;
+pub use finalize::finalize_tree;
+pub use merge::merge_layer;
+pub use options::{ExtractOptions, IoBackendKind};
+pub use summary::{DeferredHardlink, DirectoryMetadata, LayerSummary, MergeStats, Timestamp, Xattr};

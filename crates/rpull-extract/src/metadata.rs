@@ -1,0 +1,227 @@
+//! Owner, mode, xattrs and times: read from tar headers, applied through descriptors.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use rustix::fs::{AtFlags, Gid, Mode, Timestamps, Uid, XattrFlags};
+use rustix::io::Errno;
+use rustix::fs::Timespec;
+
+use crate::error::{ExtractError, io_error};
+use crate::summary::{Timestamp, Xattr};
+
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+/// The metadata of one tar entry, reused from entry to entry.
+#[derive(Debug, Default)]
+pub(crate) struct EntryMetadata {
+    pub(crate) mode: u32,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mtime: Timestamp,
+    pub(crate) xattrs: Vec<Xattr>,
+}
+
+impl EntryMetadata {
+    /// Reads the header fields and the pax records (`mtime` with sub-second precision,
+    /// `SCHILY.xattr.*`); the tar crate already applied pax `uid`, `gid`, `size`, `path`, `linkpath`.
+    pub(crate) fn read<R: io::Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> io::Result<()> {
+        let header = entry.header();
+        let raw = header.as_bytes();
+        self.mode = numeric(header.mode().map(u64::from), &raw[100..108])? as u32 & 0o7777;
+        self.uid = u32::try_from(numeric(header.uid(), &raw[108..116])?).map_err(|_| io::Error::other("uid does not fit 32 bits"))?;
+        self.gid = u32::try_from(numeric(header.gid(), &raw[116..124])?).map_err(|_| io::Error::other("gid does not fit 32 bits"))?;
+        let mtime = numeric(header.mtime(), &raw[136..148])?;
+        self.mtime = Timestamp { seconds: i64::try_from(mtime).unwrap_or(i64::MAX), nanoseconds: 0 };
+        self.xattrs.clear();
+        if let Some(extensions) = entry.pax_extensions()? {
+            for extension in extensions {
+                let extension = extension?;
+                let key = extension.key_bytes();
+                if key == b"mtime" {
+                    if let Some(mtime) = parse_pax_time(extension.value_bytes()) {
+                        self.mtime = mtime;
+                    }
+                } else if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                    self.xattrs.push(Xattr { name: name.to_vec(), value: extension.value_bytes().to_vec() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn timestamps(&self) -> Timestamps {
+        timestamps(self.mtime)
+    }
+}
+
+/// A numeric header field; an empty field (all NUL or spaces, as some writers leave unused ones)
+/// reads as 0 like Go's archive/tar does, anything else unparsable is an error.
+fn numeric(parsed: io::Result<u64>, raw: &[u8]) -> io::Result<u64> {
+    match parsed {
+        Ok(value) => Ok(value),
+        Err(_) if raw.iter().all(|byte| *byte == 0 || *byte == b' ') => Ok(0),
+        Err(error) => Err(error),
+    }
+}
+
+pub(crate) fn timestamps(mtime: Timestamp) -> Timestamps {
+    let time = Timespec { tv_sec: mtime.seconds, tv_nsec: i64::from(mtime.nanoseconds) };
+    Timestamps { last_access: time, last_modification: time }
+}
+
+/// Parses a pax time, `[-]SECONDS[.FRACTION]`.
+pub(crate) fn parse_pax_time(value: &[u8]) -> Option<Timestamp> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (seconds, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let mut seconds: i64 = seconds.parse().ok()?;
+    let digits: String = fraction.chars().take(9).collect();
+    if !digits.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    let mut nanoseconds: u32 = if digits.is_empty() { 0 } else { format!("{digits:0<9}").parse().ok()? };
+    if negative {
+        seconds = -seconds;
+        if nanoseconds > 0 {
+            seconds -= 1;
+            nanoseconds = 1_000_000_000 - nanoseconds;
+        }
+    }
+    Some(Timestamp { seconds, nanoseconds })
+}
+
+/// Decides what happens when the file system refuses an xattr, and warns once.
+#[derive(Debug)]
+pub(crate) struct XattrPolicy {
+    chown: bool,
+    warned: bool,
+}
+
+impl XattrPolicy {
+    pub(crate) fn new(chown: bool) -> Self {
+        Self { chown, warned: false }
+    }
+
+    /// `Ok` when the refusal is tolerated (logged), `Err` when it must fail the layer: any error
+    /// other than "not supported / not permitted", and `security.capability` when running with
+    /// `chown` (as root), because silently dropping a file capability breaks the program that needs
+    /// it (ping, ...) in a way nobody notices.
+    pub(crate) fn refused(&mut self, entry: &[u8], xattr: &[u8], errno: Errno) -> Result<(), ExtractError> {
+        let tolerable = matches!(errno, Errno::NOTSUP | Errno::PERM | Errno::ACCESS);
+        if !tolerable || (self.chown && xattr == CAPABILITY_XATTR) {
+            return Err(io_error(entry, "setting extended attribute", errno));
+        }
+        let name = String::from_utf8_lossy(xattr);
+        if self.warned {
+            tracing::debug!(entry = %crate::resolve::lossy(entry), xattr = %name, %errno, "extended attribute not stored");
+        } else {
+            self.warned = true;
+            tracing::warn!(
+                entry = %crate::resolve::lossy(entry), xattr = %name, %errno,
+                "the file system refused an extended attribute; further refusals in this layer are logged at debug level"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Owner (before the mode: chown clears setuid/setgid), mode, xattrs (after chown, which clears
+/// `security.capability`), times, all through the open descriptor of a regular file or directory.
+pub(crate) fn apply_to_fd(
+    fd: BorrowedFd<'_>,
+    metadata: &EntryMetadata,
+    chown: bool,
+    policy: &mut XattrPolicy,
+    entry: &[u8],
+) -> Result<(), ExtractError> {
+    apply_fd_parts(fd, metadata.mode, metadata.uid, metadata.gid, &metadata.xattrs, metadata.mtime, chown, policy, entry)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn apply_fd_parts(
+    fd: BorrowedFd<'_>,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    xattrs: &[Xattr],
+    mtime: Timestamp,
+    chown: bool,
+    policy: &mut XattrPolicy,
+    entry: &[u8],
+) -> Result<(), ExtractError> {
+    if chown {
+        rustix::fs::fchown(fd, Some(uid_of(uid)), Some(gid_of(gid)))
+            .map_err(|errno| io_error(entry, "changing owner of", errno))?;
+    }
+    rustix::fs::fchmod(fd, Mode::from_raw_mode(mode)).map_err(|errno| io_error(entry, "changing mode of", errno))?;
+    for xattr in xattrs {
+        if let Err(errno) = rustix::fs::fsetxattr(fd, xattr.name.as_slice(), &xattr.value, XattrFlags::empty()) {
+            policy.refused(entry, &xattr.name, errno)?;
+        }
+    }
+    rustix::fs::futimens(fd, &timestamps(mtime)).map_err(|errno| io_error(entry, "setting times of", errno))
+}
+
+/// Owner, xattrs and times of `name` in `dir` without following it (symlinks, device nodes).
+pub(crate) fn apply_nofollow(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    metadata: &EntryMetadata,
+    chown: bool,
+    policy: &mut XattrPolicy,
+    entry: &[u8],
+) -> Result<(), ExtractError> {
+    if chown {
+        rustix::fs::chownat(dir, name, Some(uid_of(metadata.uid)), Some(gid_of(metadata.gid)), AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|errno| io_error(entry, "changing owner of", errno))?;
+    }
+    if !metadata.xattrs.is_empty() {
+        // There is no lsetxattrat before Linux 6.13: name the file through our own directory
+        // descriptor in /proc (the magic link is ours; lsetxattr does not follow the final name).
+        let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+        path.extend_from_slice(name.to_bytes());
+        for xattr in &metadata.xattrs {
+            if let Err(errno) = rustix::fs::lsetxattr(path.as_slice(), xattr.name.as_slice(), &xattr.value, XattrFlags::empty()) {
+                policy.refused(entry, &xattr.name, errno)?;
+            }
+        }
+    }
+    rustix::fs::utimensat(dir, name, &metadata.timestamps(), AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|errno| io_error(entry, "setting times of", errno))
+}
+
+fn uid_of(uid: u32) -> Uid {
+    // u32::MAX would mean "leave unchanged" to chown; tar cannot express it meaningfully anyway.
+    Uid::from_raw_unchecked(uid)
+}
+
+fn gid_of(gid: u32) -> Gid {
+    Gid::from_raw_unchecked(gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pax_times() {
+        type Case = (&'static [u8], Option<(i64, u32)>);
+        let cases: &[Case] = &[
+            (b"1700000000", Some((1_700_000_000, 0))),
+            (b"1700000000.5", Some((1_700_000_000, 500_000_000))),
+            (b"1700000000.123456789123", Some((1_700_000_000, 123_456_789))),
+            (b"-1.25", Some((-2, 750_000_000))),
+            (b"abc", None),
+            (b"1.x", None),
+        ];
+        for (value, expected) in cases {
+            let parsed = parse_pax_time(value).map(|time| (time.seconds, time.nanoseconds));
+            assert_eq!(parsed, *expected, "{}", String::from_utf8_lossy(value));
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Removal of whole subtrees through descriptors, never following symlinks.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd};
+
+use rustix::fs::{AtFlags, Dir, Mode, OFlags};
+use rustix::io::Errno;
+
+/// Removes `name` in `dir`, whatever it is; a directory is removed with everything below it. A
+/// symlink is removed itself, never followed. `ENOENT` is returned as is.
+pub(crate) fn remove_all_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+        // Linux answers EISDIR for a directory (POSIX allows EPERM).
+        Err(Errno::ISDIR | Errno::PERM) => {}
+        other => return other,
+    }
+    let child = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    remove_children(child.as_fd())?;
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+}
+
+/// Removes everything inside the directory `dir` (which must be readable, not `O_PATH`).
+pub(crate) fn remove_children(dir: BorrowedFd<'_>) -> Result<(), Errno> {
+    for name in list_dir(dir)? {
+        match remove_all_at(dir, &name) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(errno) => return Err(errno),
+        }
+    }
+    Ok(())
+}
+
+/// The names in directory `dir` except `.` and `..`, collected first so that the directory can be
+/// changed while they are processed.
+pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<CString>, Errno> {
+    let fd = rustix::fs::openat(dir, c".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let mut reader = Dir::new(fd)?;
+    let mut names = Vec::new();
+    while let Some(entry) = reader.read() {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name != c"." && name != c".." {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}

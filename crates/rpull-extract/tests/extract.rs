@@ -1,0 +1,357 @@
+//! Extraction of single layers: entry kinds, names, metadata, within-layer replacement.
+
+mod common;
+
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+use common::{Layer, LongNames, MTIME, Sandbox, inode, is_root, node, os, plain_options, snapshot};
+use rpull_extract::{ExtractOptions, extract_layer, finalize_tree};
+use tar::EntryType;
+
+#[test]
+fn files_dirs_symlinks_and_hardlinks() {
+    let sandbox = Sandbox::new();
+    let layer = Layer::new()
+        .dir("etc", 0o755)
+        .file("etc/hosts", 0o644, b"127.0.0.1 localhost\n")
+        .file("bin/tool", 0o755, b"#!/bin/sh\n") // no entry for bin/: created implicitly
+        .symlink("etc/localtime", "/usr/share/zoneinfo/UTC")
+        .hardlink("bin/tool-again", "bin/tool")
+        .bytes();
+    let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
+    finalize_tree(&sandbox.root, std::slice::from_ref(&summary), &plain_options()).unwrap();
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![
+            node("bin", 'd', 0o755, b""),
+            node("bin/tool", 'f', 0o755, b"#!/bin/sh\n"),
+            node("bin/tool-again", 'f', 0o755, b"#!/bin/sh\n"),
+            node("etc", 'd', 0o755, b""),
+            node("etc/hosts", 'f', 0o644, b"127.0.0.1 localhost\n"),
+            node("etc/localtime", 'l', 0, b"/usr/share/zoneinfo/UTC"),
+        ]
+    );
+    assert_eq!(inode(&sandbox.root.join("bin/tool")), inode(&sandbox.root.join("bin/tool-again")));
+    assert_eq!((summary.entries, summary.files, summary.dirs, summary.symlinks, summary.hardlinks), (5, 2, 1, 1, 1));
+    assert_eq!(summary.bytes_written, 30);
+    assert!(summary.deferred_hardlinks.is_empty());
+    assert_eq!(summary.directories.len(), 1, "only etc/ had its own entry");
+}
+
+#[test]
+fn empty_layers() {
+    let sandbox = Sandbox::new();
+    // A tar with only the end-of-archive blocks, and a completely empty stream.
+    let summary = extract_layer(Layer::new().bytes().as_slice(), &sandbox.root, &plain_options()).unwrap();
+    assert_eq!(summary.entries, 0);
+    let summary = extract_layer(&b""[..], &sandbox.root, &plain_options()).unwrap();
+    assert_eq!(summary.entries, 0);
+    assert!(snapshot(&sandbox.root).is_empty());
+}
+
+#[test]
+fn truncated_stream_is_a_tar_error() {
+    let sandbox = Sandbox::new();
+    let layer = Layer::new().file("big", 0o644, &[7u8; 4096]).bytes();
+    let error = extract_layer(&layer[..1024], &sandbox.root, &plain_options()).unwrap_err();
+    assert!(error.to_string().contains("big"), "{error}");
+}
+
+#[test]
+fn long_names_and_link_names_pax_and_gnu() {
+    for style in [LongNames::Pax, LongNames::Gnu] {
+        let sandbox = Sandbox::new();
+        let long_dir = format!("{}/{}", "d".repeat(90), "e".repeat(90));
+        let long_file = format!("{long_dir}/{}", "f".repeat(120));
+        let long_target = format!("/{}", "t".repeat(150));
+        let mut layer = Layer::new();
+        layer.long_names = style;
+        let layer = layer
+            .dir(&long_dir, 0o755)
+            .file(&long_file, 0o644, b"long")
+            .symlink(&format!("{long_dir}/symlink-{}", "s".repeat(100)), &long_target)
+            .hardlink(&format!("{long_dir}/hardlink-{}", "h".repeat(100)), &long_file)
+            .bytes();
+        let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
+        assert_eq!(summary.entries, 4, "{style:?}");
+        let root = &sandbox.root;
+        assert_eq!(fs::read(root.join(&long_file)).unwrap(), b"long", "{style:?}");
+        let symlink = root.join(format!("{long_dir}/symlink-{}", "s".repeat(100)));
+        assert_eq!(fs::read_link(symlink).unwrap().to_str().unwrap(), long_target, "{style:?}");
+        let hardlink = root.join(format!("{long_dir}/hardlink-{}", "h".repeat(100)));
+        assert_eq!(inode(&hardlink), inode(&root.join(&long_file)), "{style:?}");
+    }
+}
+
+#[test]
+fn non_utf8_names_end_to_end() {
+    let sandbox = Sandbox::new();
+    let mut layer = Layer::new();
+    layer.entry(EntryType::Directory, b"caf\xe9", None, 0o755, b"", &[]);
+    layer.entry(EntryType::Regular, b"caf\xe9/\xff\xfe.txt", None, 0o644, b"latin-1", &[]);
+    layer.entry(EntryType::Symlink, b"caf\xe9/link", Some(b"\xff\xfe.txt"), 0o777, b"", &[]);
+    layer.entry(EntryType::Link, b"hard\x80", Some(b"caf\xe9/\xff\xfe.txt"), 0o644, b"", &[]);
+    let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &plain_options()).unwrap();
+    assert_eq!(summary.directories[0].path, os(b"caf\xe9"));
+    let root = &sandbox.root;
+    assert_eq!(fs::read(root.join(os(b"caf\xe9/\xff\xfe.txt"))).unwrap(), b"latin-1");
+    assert_eq!(fs::read_link(root.join(os(b"caf\xe9/link"))).unwrap().as_os_str().as_bytes(), b"\xff\xfe.txt");
+    assert_eq!(fs::read(root.join(os(b"caf\xe9/link"))).unwrap(), b"latin-1");
+    assert_eq!(inode(&root.join(os(b"hard\x80"))), inode(&root.join(os(b"caf\xe9/\xff\xfe.txt"))));
+}
+
+#[test]
+fn permission_bits_including_setuid_setgid_sticky() {
+    let sandbox = Sandbox::new();
+    let options = ExtractOptions::for_current_user();
+    let layer = Layer::new()
+        .file("setuid", 0o4755, b"x")
+        .file("setgid", 0o2755, b"x")
+        .file("private", 0o600, b"x")
+        .file("readonly", 0o444, b"x")
+        .dir("tmp", 0o1777)
+        .bytes();
+    let summary = extract_layer(layer.as_slice(), &sandbox.root, &options).unwrap();
+    finalize_tree(&sandbox.root, &[summary], &options).unwrap();
+    let mode = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("setuid"), 0o4755, "chown (when root) must come before chmod: chown clears setuid");
+    assert_eq!(mode("setgid"), 0o2755);
+    assert_eq!(mode("private"), 0o600);
+    assert_eq!(mode("readonly"), 0o444);
+    assert_eq!(mode("tmp"), 0o1777);
+}
+
+#[test]
+fn mtimes_of_files_symlinks_and_directories() {
+    let sandbox = Sandbox::new();
+    let mut layer = Layer::new();
+    layer.entry(EntryType::Directory, b"dir", None, 0o755, b"", &[]);
+    layer.entry(EntryType::Regular, b"dir/file", None, 0o644, b"data", &[]);
+    layer.entry(EntryType::Symlink, b"dir/link", Some(b"file"), 0o777, b"", &[("mtime", b"1234567890.25")]);
+    let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &plain_options()).unwrap();
+    finalize_tree(&sandbox.root, &[summary], &plain_options()).unwrap();
+    let metadata = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap();
+    assert_eq!(metadata("dir/file").mtime(), MTIME as i64);
+    assert_eq!(metadata("dir/link").mtime(), 1_234_567_890, "symlink mtime via utimensat(AT_SYMLINK_NOFOLLOW)");
+    assert_eq!(metadata("dir/link").mtime_nsec(), 250_000_000);
+    assert_eq!(metadata("dir").mtime(), MTIME as i64, "directory mtime applied after its children");
+}
+
+#[test]
+fn read_only_directories_still_receive_children() {
+    let sandbox = Sandbox::new();
+    let layer = Layer::new().dir("ro", 0o555).dir("ro/sub", 0o500).file("ro/sub/file", 0o400, b"x").bytes();
+    let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
+    let mode = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("ro") & 0o700, 0o700, "writable while extracting");
+    finalize_tree(&sandbox.root, &[summary], &plain_options()).unwrap();
+    assert_eq!((mode("ro"), mode("ro/sub"), mode("ro/sub/file")), (0o555, 0o500, 0o400));
+    // Let the temp dir clean up.
+    fs::set_permissions(sandbox.root.join("ro/sub"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(sandbox.root.join("ro"), fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+#[test]
+fn owners_when_chown() {
+    if !is_root() {
+        eprintln!("skipping owners_when_chown: needs euid 0 to chown");
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let options = ExtractOptions { chown: true, ..ExtractOptions::for_current_user() };
+    let mut layer = Layer::new();
+    let mut entry = |kind, name: &[u8], link: Option<&[u8]>, mode| {
+        layer.entry(kind, name, link, mode, b"", &[("uid", b"1234"), ("gid", b"5678")]);
+    };
+    entry(EntryType::Directory, b"dir", None, 0o2775);
+    entry(EntryType::Regular, b"dir/suid", None, 0o4755);
+    entry(EntryType::Symlink, b"dir/link", Some(b"/nonexistent"), 0o777);
+    let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &options).unwrap();
+    finalize_tree(&sandbox.root, &[summary], &options).unwrap();
+    for name in ["dir", "dir/suid", "dir/link"] {
+        let metadata = fs::symlink_metadata(sandbox.root.join(name)).unwrap();
+        assert_eq!((metadata.uid(), metadata.gid()), (1234, 5678), "{name}");
+    }
+    let mode = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("dir/suid"), 0o4755, "setuid survives chown");
+    assert_eq!(mode("dir"), 0o2775);
+}
+
+#[test]
+fn xattrs_from_pax_records() {
+    let sandbox = Sandbox::new();
+    // A v2 file capability: cap_net_raw (bit 13) permitted + effective.
+    let capability: &[u8] = &[0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let mut layer = Layer::new();
+    layer.entry(EntryType::Directory, b"dir", None, 0o755, b"", &[("SCHILY.xattr.user.dir", b"on a dir")]);
+    layer.entry(EntryType::Regular, b"dir/file", None, 0o644, b"x", &[("SCHILY.xattr.user.comment", b"hello\0bytes")]);
+    if is_root() {
+        layer.entry(EntryType::Regular, b"dir/ping", None, 0o755, b"x", &[("SCHILY.xattr.security.capability", capability)]);
+    }
+    let options = ExtractOptions::for_current_user();
+    let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &options).unwrap();
+    finalize_tree(&sandbox.root, &[summary], &options).unwrap();
+    let get = |name: &str, xattr: &str| {
+        let mut buffer = vec![0u8; 256];
+        match rustix::fs::lgetxattr(sandbox.root.join(name).as_path(), xattr, &mut buffer) {
+            Ok(length) => Some(buffer[..length].to_vec()),
+            Err(rustix::io::Errno::NOTSUP) => None,
+            Err(errno) => panic!("getxattr {name} {xattr}: {errno}"),
+        }
+    };
+    let Some(comment) = get("dir/file", "user.comment") else {
+        eprintln!("skipping xattr assertions: this file system does not support user xattrs");
+        return;
+    };
+    assert_eq!(comment, b"hello\0bytes");
+    assert_eq!(get("dir", "user.dir").unwrap(), b"on a dir");
+    if is_root() {
+        assert_eq!(get("dir/ping", "security.capability").unwrap(), capability);
+    } else {
+        eprintln!("skipping security.capability assertion: needs euid 0");
+    }
+}
+
+#[test]
+fn special_files_created_or_skipped() {
+    let build = || {
+        let mut layer = Layer::new();
+        layer.entry(EntryType::Fifo, b"fifo", None, 0o640, b"", &[]);
+        let mut header = tar::Header::new_ustar();
+        header.set_entry_type(EntryType::Char);
+        header.set_path("null").unwrap();
+        header.set_mode(0o666);
+        header.set_device_major(1).unwrap();
+        header.set_device_minor(3).unwrap();
+        header.set_size(0);
+        header.set_cksum();
+        let mut bytes = layer.bytes();
+        // Re-open the archive to append the device (Layer::entry has no device numbers).
+        bytes.truncate(bytes.len() - 1024);
+        let mut builder = tar::Builder::new(bytes);
+        builder.append(&header, &[][..]).unwrap();
+        builder.into_inner().unwrap()
+    };
+    let sandbox = Sandbox::new();
+    let summary = extract_layer(build().as_slice(), &sandbox.root, &plain_options()).unwrap();
+    assert_eq!((summary.skipped_special_files, summary.special_files), (2, 0));
+    assert!(snapshot(&sandbox.root).is_empty());
+
+    if !is_root() {
+        eprintln!("skipping device creation: needs euid 0 for mknod");
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let options = ExtractOptions { special_files: true, ..ExtractOptions::for_current_user() };
+    let summary = extract_layer(build().as_slice(), &sandbox.root, &options).unwrap();
+    assert_eq!((summary.skipped_special_files, summary.special_files), (0, 2));
+    let fifo = fs::symlink_metadata(sandbox.root.join("fifo")).unwrap();
+    assert!(fifo.file_type().is_fifo());
+    assert_eq!(fifo.permissions().mode() & 0o7777, 0o640);
+    let null = fs::symlink_metadata(sandbox.root.join("null")).unwrap();
+    assert!(null.file_type().is_char_device());
+    assert_eq!(null.rdev(), rustix::fs::makedev(1, 3));
+}
+
+#[test]
+fn later_entries_replace_earlier_ones_within_a_layer() {
+    let sandbox = Sandbox::new();
+    let layer = Layer::new()
+        // directory replaced by a file
+        .dir("a", 0o755)
+        .file("a/child", 0o644, b"gone")
+        .file("a", 0o600, b"now a file")
+        // file replaced by a directory
+        .file("b", 0o644, b"gone")
+        .dir("b", 0o750)
+        .file("b/child", 0o644, b"kept")
+        // symlink replaced by a directory, and a directory by a symlink
+        .symlink("c", "/somewhere")
+        .dir("c", 0o755)
+        .dir("d", 0o755)
+        .file("d/child", 0o644, b"gone")
+        .symlink("d", "c")
+        // file replaced by a file (a hardlink to the old one keeps the old content)
+        .file("e", 0o644, b"old")
+        .hardlink("e-old", "e")
+        .file("e", 0o644, b"new")
+        // directory over directory: kept, children merged, last metadata wins
+        .dir("f", 0o700)
+        .file("f/one", 0o644, b"1")
+        .dir("f", 0o751)
+        .file("f/two", 0o644, b"2")
+        .bytes();
+    let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
+    finalize_tree(&sandbox.root, &[summary], &plain_options()).unwrap();
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![
+            node("a", 'f', 0o600, b"now a file"),
+            node("b", 'd', 0o750, b""),
+            node("b/child", 'f', 0o644, b"kept"),
+            node("c", 'd', 0o755, b""),
+            node("d", 'l', 0, b"c"),
+            node("e", 'f', 0o644, b"new"),
+            node("e-old", 'f', 0o644, b"old"),
+            node("f", 'd', 0o751, b""),
+            node("f/one", 'f', 0o644, b"1"),
+            node("f/two", 'f', 0o644, b"2"),
+        ]
+    );
+}
+
+#[test]
+fn whiteouts_and_opaque_markers_are_recorded_not_created() {
+    let sandbox = Sandbox::new();
+    let layer = Layer::new()
+        .whiteout("etc/.wh.passwd")
+        .whiteout(".wh.top")
+        .dir("var", 0o755)
+        .whiteout("var/.wh..wh..opq")
+        .whiteout("opaque-without-entry/.wh..wh..opq")
+        .whiteout(".wh..wh.plnk")
+        .bytes();
+    let staging = sandbox.staging(1);
+    let summary = extract_layer(layer.as_slice(), &staging, &plain_options()).unwrap();
+    assert_eq!(summary.whiteouts, [os(b"etc/passwd"), os(b"top")]);
+    assert_eq!(summary.opaque_dirs, [os(b"var"), os(b"opaque-without-entry")]);
+    assert_eq!(snapshot(&staging), vec![node("opaque-without-entry", 'd', 0o755, b""), node("var", 'd', 0o700, b"")]);
+}
+
+#[test]
+fn hardlink_to_a_file_of_an_earlier_layer_is_deferred() {
+    let sandbox = Sandbox::new();
+    let staging = sandbox.staging(1);
+    let layer = Layer::new().hardlink("bin/link", "/usr/bin/tool").file("bin/own", 0o644, b"x").hardlink("bin/own-link", "bin/own").bytes();
+    let summary = extract_layer(layer.as_slice(), &staging, &plain_options()).unwrap();
+    assert_eq!(summary.deferred_hardlinks.len(), 1);
+    assert_eq!(summary.deferred_hardlinks[0].link, os(b"bin/link"));
+    assert_eq!(summary.deferred_hardlinks[0].target, os(b"usr/bin/tool"));
+    assert_eq!(summary.hardlinks, 2);
+    assert!(!staging.join("bin/link").exists());
+    assert_eq!(inode(&staging.join("bin/own")), inode(&staging.join("bin/own-link")));
+}
+
+#[test]
+fn a_later_entry_cancels_a_deferred_hardlink() {
+    let sandbox = Sandbox::new();
+    let staging = sandbox.staging(1);
+    let layer = Layer::new().hardlink("x", "lower").file("x", 0o644, b"mine").bytes();
+    let summary = extract_layer(layer.as_slice(), &staging, &plain_options()).unwrap();
+    assert!(summary.deferred_hardlinks.is_empty());
+    assert_eq!(fs::read(staging.join("x")).unwrap(), b"mine");
+}
+
+#[test]
+fn root_directory_entry_metadata() {
+    let sandbox = Sandbox::new();
+    let layer = Layer::new().dir("./", 0o751).file("./a", 0o644, b"a").bytes();
+    let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
+    assert_eq!(summary.directories[0].path, os(b""));
+    finalize_tree(&sandbox.root, &[summary], &plain_options()).unwrap();
+    assert_eq!(fs::metadata(&sandbox.root).unwrap().permissions().mode() & 0o7777, 0o751);
+    let error = extract_layer(Layer::new().file("./", 0o644, b"").bytes().as_slice(), &sandbox.root, &plain_options());
+    assert!(matches!(error, Err(rpull_extract::ExtractError::Invalid { .. })), "{error:?}");
+}
