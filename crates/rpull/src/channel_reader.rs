@@ -1,0 +1,101 @@
+//! The bridge between a layer's download task (async) and its extraction thread (blocking).
+
+use std::io::{self, BufRead, Read};
+
+use bytes::Bytes;
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::Receiver;
+use tokio_util::sync::CancellationToken;
+
+/// Reads the chunks a download task sends; end of stream when the sender is dropped.
+/// Reading fails with [`io::ErrorKind::Interrupted`]-free `Other` errors once the pull is
+/// cancelled, so an extraction stuck waiting for bytes returns promptly.
+pub(crate) struct ChannelReader {
+    rx: Receiver<Bytes>,
+    chunk: Bytes,
+    cancel: CancellationToken,
+    runtime: Handle,
+    done: bool,
+}
+
+impl ChannelReader {
+    pub(crate) fn new(rx: Receiver<Bytes>, cancel: CancellationToken, runtime: Handle) -> Self {
+        ChannelReader { rx, chunk: Bytes::new(), cancel, runtime, done: false }
+    }
+
+    /// Reads and drops everything still to come, so the download can finish and verify the
+    /// whole blob even when extraction stopped early.
+    pub(crate) fn drain(&mut self) -> io::Result<u64> {
+        let mut total = self.chunk.len() as u64;
+        self.chunk = Bytes::new();
+        while !self.done {
+            match self.next_chunk()? {
+                Some(c) => total += c.len() as u64,
+                None => self.done = true,
+            }
+        }
+        Ok(total)
+    }
+
+    fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
+        let cancel = self.cancel.clone();
+        let rx = &mut self.rx;
+        self.runtime.block_on(async {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Err(io::Error::other("pull cancelled")),
+                chunk = rx.recv() => Ok(chunk),
+            }
+        })
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = available.len().min(buf.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+impl BufRead for ChannelReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        while self.chunk.is_empty() && !self.done {
+            match self.next_chunk()? {
+                Some(chunk) => self.chunk = chunk,
+                None => self.done = true,
+            }
+        }
+        Ok(&self.chunk)
+    }
+
+    fn consume(&mut self, amount: usize) {
+        let _ = self.chunk.split_to(amount);
+    }
+}
+
+/// Counts the bytes read through it.
+pub(crate) struct CountingReader<R> {
+    inner: R,
+    count: u64,
+}
+
+impl<R> CountingReader<R> {
+    pub(crate) fn new(inner: R) -> Self {
+        CountingReader { inner, count: 0 }
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+impl<R: Read> Read for CountingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        Ok(n)
+    }
+}

@@ -1,0 +1,32 @@
+use rpull_extract::ExtractOptions;
+use rpull_registry::Platform;
+
+/// What a pull does, apart from where it connects (that is the registry client's business).
+#[derive(Debug, Clone)]
+pub struct PullOptions {
+    /// The platform to choose from an index; the host's by default.
+    pub platform: Platform,
+    /// How many layer downloads run at once. Each running download also has its own
+    /// decompress-and-extract thread.
+    pub max_concurrent_downloads: usize,
+    /// Replace a destination that exists and is not empty.
+    pub force: bool,
+    /// How layers are written (ownership, device nodes, I/O backend).
+    pub extract: ExtractOptions,
+}
+
+/// The default for `--max-concurrent-downloads`. Docker's 3 leaves most of a multi-layer
+/// image waiting; every download here also feeds its own extraction, so more in flight keeps
+/// both cores busy.
+pub const DEFAULT_MAX_CONCURRENT_DOWNLOADS: usize = 8;
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        PullOptions {
+            platform: Platform::host(),
+            max_concurrent_downloads: DEFAULT_MAX_CONCURRENT_DOWNLOADS,
+            force: false,
+            extract: ExtractOptions::for_current_user(),
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! Wires the stages: resolve -> per layer (download + verify -> decompress -> extract into
+//! staging, concurrently) -> merge in layer order -> finalize -> commit by rename.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use rpull_decompress::Codec;
+use rpull_extract::{ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer};
+use rpull_registry::{Descriptor, DigestVerifier, Reference};
+use tokio::runtime::Handle;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span};
+
+use crate::channel_reader::{ChannelReader, CountingReader};
+use crate::staging::{DestinationState, Staging, destination_state};
+use crate::{LayerReport, LayerState, PullError, PullEvent, PullReport, Puller};
+
+/// Chunks in flight between a download and its extraction thread. reqwest hands out chunks of
+/// up to a few tens of KiB, so this bounds a layer's buffered bytes to about a MiB.
+const CHANNEL_DEPTH: usize = 32;
+/// Bytes between two progress events of one layer.
+const PROGRESS_STEP: u64 = 256 * 1024;
+
+pub(crate) async fn pull(puller: &Puller, reference: &Reference, dest: &Path) -> Result<PullReport, PullError> {
+    let started = Instant::now();
+    let options = &puller.options;
+    if !options.force && matches!(destination_state(dest)?, DestinationState::Occupied) {
+        return Err(PullError::DestinationNotEmpty { path: dest.to_owned() });
+    }
+
+    let image = puller.client.resolve(reference, &options.platform).await?;
+    let reference_name = image.reference.to_string();
+    let codecs = image
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(index, layer)| {
+            Codec::from_media_type(&layer.media_type).map(|(codec, _)| codec).map_err(|source| {
+                PullError::UnsupportedLayer {
+                    reference: reference_name.clone(),
+                    index,
+                    digest: layer.digest.clone(),
+                    source,
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let platform = image.platform.as_ref().unwrap_or(&options.platform).to_string();
+    puller.emit(PullEvent::Resolved {
+        reference: reference_name.clone(),
+        manifest_digest: image.manifest_digest.clone(),
+        platform: platform.clone(),
+        layers: image.layers.iter().map(|l| (l.digest.clone(), l.size)).collect(),
+    });
+
+    // Drop order matters on error and cancellation: the tasks are aborted first, then the
+    // threads are cancelled and joined, and only then is the staging directory removed.
+    let staging = Staging::create(dest)?;
+    let threads = Threads::new();
+    let mut tasks = JoinSet::new();
+
+    let semaphore = Arc::new(Semaphore::new(options.max_concurrent_downloads));
+    for (index, (descriptor, codec)) in image.layers.iter().zip(codecs).enumerate() {
+        let target = if index == 0 { staging.rootfs() } else { staging.new_layer_dir(index)? };
+        let job = LayerJob { index, descriptor: descriptor.clone(), codec, target };
+        let span = info_span!("layer", index, digest = %descriptor.digest);
+        tasks.spawn(
+            layer_task(job, puller.clone(), image.reference.clone(), semaphore.clone(), threads.spawner())
+                .instrument(span),
+        );
+    }
+
+    let layer_count = image.layers.len();
+    let mut ready: Vec<Option<LayerOutcome>> = (0..layer_count).map(|_| None).collect();
+    let mut summaries = Vec::with_capacity(layer_count);
+    let mut layers = Vec::with_capacity(layer_count);
+    while summaries.len() < layer_count {
+        let outcome = match tasks.join_next().await {
+            Some(Ok(outcome)) => outcome?,
+            Some(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Some(Err(_)) | None => return Err(PullError::Cancelled),
+        };
+        let index = outcome.index;
+        ready[index] = Some(outcome);
+        // Merge every layer whose predecessors are all merged; later layers keep downloading.
+        while let Some(outcome) = ready.get_mut(summaries.len()).and_then(Option::take) {
+            let LayerOutcome { index, target, summary, report } = outcome;
+            let summary = if index == 0 {
+                summary
+            } else {
+                merge(&threads, &staging, target, summary, &options.extract)
+                    .await?
+                    .map_err(|source| PullError::Extract { index, digest: report.digest.clone(), source })?
+            };
+            puller.emit(PullEvent::LayerState { index, digest: report.digest.clone(), state: LayerState::Merged });
+            summaries.push(summary);
+            layers.push(report);
+        }
+    }
+
+    let root = staging.rootfs();
+    let extract_options = options.extract.clone();
+    threads
+        .spawner()
+        .spawn("rpull-finalize", move || finalize_tree(&root, &summaries, &extract_options))?
+        .await
+        .map_err(|_| threads.lost())?
+        .map_err(|source| PullError::Extract {
+            index: layer_count.saturating_sub(1),
+            digest: image.manifest_digest.clone(),
+            source,
+        })?;
+
+    staging.commit(dest, options.force)?;
+    puller.emit(PullEvent::Committed { path: dest.display().to_string() });
+    drop(tasks);
+    drop(threads);
+    drop(staging);
+
+    Ok(PullReport {
+        reference: reference_name,
+        manifest_digest: image.manifest_digest.clone(),
+        platform,
+        destination: dest.to_owned(),
+        compressed_bytes: layers.iter().map(|l| l.compressed_bytes).sum(),
+        uncompressed_bytes: layers.iter().map(|l| l.uncompressed_bytes).sum(),
+        layers,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+struct LayerJob {
+    index: usize,
+    descriptor: Descriptor,
+    codec: Codec,
+    target: PathBuf,
+}
+
+struct LayerOutcome {
+    index: usize,
+    target: PathBuf,
+    summary: LayerSummary,
+    report: LayerReport,
+}
+
+/// Merges a staged layer into the root on a thread of the pull. The outer error is the
+/// pipeline's (cancelled), the inner one the merge's.
+async fn merge(
+    threads: &Threads,
+    staging: &Staging,
+    staged: PathBuf,
+    summary: LayerSummary,
+    options: &ExtractOptions,
+) -> Result<Result<LayerSummary, rpull_extract::ExtractError>, PullError> {
+    let (root, options) = (staging.rootfs(), options.clone());
+    threads
+        .spawner()
+        .spawn("rpull-merge", move || merge_layer(&root, &staged, &summary, &options).map(|_| summary))?
+        .await
+        .map_err(|_| threads.lost())
+}
+
+/// Downloads one layer and feeds its extraction thread; the result is ready when both ended.
+async fn layer_task(
+    job: LayerJob,
+    puller: Puller,
+    repository: Reference,
+    semaphore: Arc<Semaphore>,
+    threads: ThreadSpawner,
+) -> Result<LayerOutcome, PullError> {
+    let digest = job.descriptor.digest.clone();
+    let permit = semaphore.acquire_owned().await.map_err(|_| PullError::Cancelled)?;
+    puller.emit(PullEvent::LayerState { index: job.index, digest: digest.clone(), state: LayerState::Downloading });
+
+    let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
+    let worker = {
+        let (target, codec, options) = (job.target.clone(), job.codec, puller.options.extract.clone());
+        let (cancel, runtime) = (threads.cancel_token(), Handle::current());
+        threads.spawn(format!("rpull-layer-{}", job.index), move || {
+            extract_worker(rx, codec, &target, &options, cancel, runtime)
+        })?
+    };
+    let download = download(&puller, &repository, &job, tx).await;
+    drop(permit);
+    let worker = worker.await.map_err(|_| threads.lost())?;
+
+    let wrap_extract = |error: WorkerError| match error {
+        WorkerError::Decompress(source) => PullError::Decompress { index: job.index, digest: digest.clone(), source },
+        WorkerError::Extract(source) => PullError::Extract { index: job.index, digest: digest.clone(), source },
+    };
+    // A verification failure explains a decompression failure, so it is reported first.
+    let downloaded = download?;
+    let extracted = worker.map_err(wrap_extract)?;
+    if !downloaded.complete {
+        return Err(PullError::Cancelled);
+    }
+    if job.index == 0 {
+        // Layer 0 is extracted straight into the root: a hardlink whose target it did not write
+        // points at nothing.
+        if let Some(link) = extracted.summary.deferred_hardlinks.first() {
+            return Err(wrap_extract(WorkerError::Extract(rpull_extract::ExtractError::Invalid {
+                entry: link.link.clone(),
+                detail: format!("hardlink to {}, which no earlier entry created", link.target.display()),
+            })));
+        }
+    }
+    puller.emit(PullEvent::LayerState { index: job.index, digest: digest.clone(), state: LayerState::Extracted });
+    debug!(
+        seconds = extracted.seconds,
+        entries = extracted.summary.entries,
+        bytes = extracted.uncompressed_bytes,
+        "layer extracted"
+    );
+    Ok(LayerOutcome {
+        index: job.index,
+        target: job.target,
+        report: LayerReport {
+            digest,
+            media_type: job.descriptor.media_type.clone(),
+            codec: extracted.codec.to_string(),
+            compressed_bytes: job.descriptor.size,
+            uncompressed_bytes: extracted.uncompressed_bytes,
+            entries: extracted.summary.entries,
+            download_seconds: downloaded.seconds,
+            extract_seconds: extracted.seconds,
+        },
+        summary: extracted.summary,
+    })
+}
+
+struct Downloaded {
+    /// False when the extraction side went away before the blob ended (cancellation).
+    complete: bool,
+    seconds: f64,
+}
+
+async fn download(
+    puller: &Puller,
+    repository: &Reference,
+    job: &LayerJob,
+    tx: mpsc::Sender<Bytes>,
+) -> Result<Downloaded, PullError> {
+    let started = Instant::now();
+    let (index, descriptor) = (job.index, &job.descriptor);
+    let download_error =
+        |source: rpull_registry::Error| PullError::Download { index, digest: descriptor.digest.clone(), source };
+    let verify_error =
+        |source: rpull_registry::VerifyError| PullError::Verify { index, digest: descriptor.digest.clone(), source };
+
+    let mut stream = puller.client.get_blob(repository, &descriptor.digest).await.map_err(download_error)?;
+    let mut verifier = DigestVerifier::new(&descriptor.digest, Some(descriptor.size));
+    let (mut downloaded, mut reported) = (0u64, 0u64);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(download_error)?;
+        verifier.update(&chunk);
+        downloaded += chunk.len() as u64;
+        if downloaded > descriptor.size {
+            // A registry that sends more than the descriptor says is stopped right away.
+            return Err(verify_error(verifier.finish().expect_err("size already exceeded")));
+        }
+        if downloaded - reported >= PROGRESS_STEP {
+            reported = downloaded;
+            puller.emit(PullEvent::LayerProgress { index, downloaded, total: descriptor.size });
+        }
+        if tx.send(chunk).await.is_err() {
+            return Ok(Downloaded { complete: false, seconds: started.elapsed().as_secs_f64() });
+        }
+    }
+    puller.emit(PullEvent::LayerProgress { index, downloaded, total: descriptor.size });
+    verifier.finish().map_err(verify_error)?;
+    puller.emit(PullEvent::LayerState { index, digest: descriptor.digest.clone(), state: LayerState::Verified });
+    Ok(Downloaded { complete: true, seconds: started.elapsed().as_secs_f64() })
+}
+
+struct Extracted {
+    summary: LayerSummary,
+    uncompressed_bytes: u64,
+    codec: Codec,
+    seconds: f64,
+}
+
+enum WorkerError {
+    Decompress(io::Error),
+    Extract(rpull_extract::ExtractError),
+}
+
+/// Runs on the layer's own thread: decode the stream and extract it into `target`. On failure
+/// it still reads the blob to its end, so the digest check (which explains most failures of a
+/// corrupted stream) gets to run.
+fn extract_worker(
+    rx: mpsc::Receiver<Bytes>,
+    codec: Codec,
+    target: &Path,
+    options: &ExtractOptions,
+    cancel: CancellationToken,
+    runtime: Handle,
+) -> Result<Extracted, WorkerError> {
+    let started = Instant::now();
+    let mut reader = ChannelReader::new(rx, cancel, runtime);
+    let result = (|| {
+        let decoder = rpull_decompress::decoder(codec, &mut reader).map_err(|e| match e {
+            rpull_decompress::DecompressError::Read(e) => WorkerError::Decompress(e),
+            other => WorkerError::Decompress(io::Error::other(other)),
+        })?;
+        let codec = decoder.codec();
+        let mut tar = CountingReader::new(decoder);
+        let summary = extract_layer(&mut tar, target, options).map_err(WorkerError::Extract)?;
+        // The rest of the tar (end-of-archive padding) and the codec's trailer (gzip CRC).
+        io::copy(&mut tar, &mut io::sink()).map_err(WorkerError::Decompress)?;
+        Ok((summary, tar.count(), codec))
+    })();
+    match result {
+        Ok((summary, uncompressed_bytes, codec)) => {
+            // A stream that continues after the end of the codec's data still has to reach the
+            // digest check whole.
+            let _ = reader.drain();
+            Ok(Extracted { summary, uncompressed_bytes, codec, seconds: started.elapsed().as_secs_f64() })
+        }
+        Err(e) => {
+            let _ = reader.drain();
+            Err(e)
+        }
+    }
+}
+
+/// The pull's threads (extraction, merge, finalize). Dropping it cancels them and waits for
+/// them, so nothing writes into the staging directory while it is being removed.
+struct Threads {
+    spawner: ThreadSpawner,
+}
+
+#[derive(Clone)]
+struct ThreadSpawner {
+    inner: Arc<ThreadsInner>,
+}
+
+struct ThreadsInner {
+    cancel: CancellationToken,
+    /// `true` once the owner is dropped: no new threads after that.
+    handles: Mutex<(bool, Vec<JoinHandle<()>>)>,
+}
+
+impl Threads {
+    fn new() -> Threads {
+        Threads {
+            spawner: ThreadSpawner {
+                inner: Arc::new(ThreadsInner { cancel: CancellationToken::new(), handles: Mutex::new((false, Vec::new())) }),
+            },
+        }
+    }
+
+    fn spawner(&self) -> ThreadSpawner {
+        self.spawner.clone()
+    }
+
+    fn lost(&self) -> PullError {
+        self.spawner.lost()
+    }
+}
+
+impl ThreadSpawner {
+    fn cancel_token(&self) -> CancellationToken {
+        self.inner.cancel.clone()
+    }
+
+    /// What a thread's result channel closing without a value means.
+    fn lost(&self) -> PullError {
+        if self.inner.cancel.is_cancelled() {
+            PullError::Cancelled
+        } else {
+            PullError::Io {
+                action: "a worker thread panicked while pulling into",
+                path: PathBuf::new(),
+                source: io::Error::other("worker thread panicked"),
+            }
+        }
+    }
+
+    fn spawn<T: Send + 'static>(
+        &self,
+        name: impl Into<String>,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<oneshot::Receiver<T>, PullError> {
+        let mut handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+        if handles.0 {
+            return Err(PullError::Cancelled);
+        }
+        let (tx, rx) = oneshot::channel();
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let _ = tx.send(work());
+            })
+            .map_err(|source| PullError::Io { action: "starting a worker thread", path: PathBuf::new(), source })?;
+        handles.1.push(handle);
+        Ok(rx)
+    }
+}
+
+impl Drop for Threads {
+    fn drop(&mut self) {
+        self.spawner.inner.cancel.cancel();
+        let handles = {
+            let mut guard = self.spawner.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+            guard.0 = true;
+            std::mem::take(&mut guard.1)
+        };
+        for handle in handles {
+            let _ = handle.join();
+        }
+    }
+}
