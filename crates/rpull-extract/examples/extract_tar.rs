@@ -12,7 +12,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = rpull_extract::ExtractOptions::for_current_user();
     let started = Instant::now();
     let file = std::fs::File::open(&layer)?;
-    let summary = rpull_extract::extract_layer(std::io::BufReader::with_capacity(1 << 20, file), target.as_ref(), &options)?;
+    let summary = rpull_extract::extract_layer(
+        std::io::BufReader::with_capacity(1 << 20, file),
+        target.as_ref(),
+        &options,
+    )?;
     rpull_extract::finalize_tree(target.as_ref(), std::slice::from_ref(&summary), &options)?;
     eprintln!(
         "{} entries, {} files, {} bytes in {:.3}s",

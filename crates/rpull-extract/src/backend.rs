@@ -49,7 +49,9 @@ const STD_BUFFER_SIZE: usize = 1 << 20;
 impl StdBackend {
     /// A backend with its own 1 MiB buffer.
     pub fn new() -> Self {
-        Self { buffer: vec![0; STD_BUFFER_SIZE] }
+        Self {
+            buffer: vec![0; STD_BUFFER_SIZE],
+        }
     }
 }
 
@@ -61,8 +63,14 @@ impl Default for StdBackend {
 
 impl IoBackend for StdBackend {
     fn create_file(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
-        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        Ok(rustix::fs::openat(parent, name, flags, Mode::from_raw_mode(0o600))?)
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        Ok(rustix::fs::openat(
+            parent,
+            name,
+            flags,
+            Mode::from_raw_mode(0o600),
+        )?)
     }
 
     fn write_data(&mut self, file: BorrowedFd<'_>, data: &mut dyn Read) -> io::Result<u64> {

@@ -55,14 +55,28 @@ pub(crate) fn entry_path(bytes: &[u8]) -> PathBuf {
     PathBuf::from(OsStr::from_bytes(bytes))
 }
 
-pub(crate) fn io_error(entry: &[u8], operation: &'static str, source: impl Into<io::Error>) -> ExtractError {
-    ExtractError::Io { entry: entry_path(entry), operation, source: source.into() }
+pub(crate) fn io_error(
+    entry: &[u8],
+    operation: &'static str,
+    source: impl Into<io::Error>,
+) -> ExtractError {
+    ExtractError::Io {
+        entry: entry_path(entry),
+        operation,
+        source: source.into(),
+    }
 }
 
 pub(crate) fn escape(entry: &[u8], detail: impl Into<String>) -> ExtractError {
-    ExtractError::Escape { entry: entry_path(entry), detail: detail.into() }
+    ExtractError::Escape {
+        entry: entry_path(entry),
+        detail: detail.into(),
+    }
 }
 
 pub(crate) fn invalid(entry: &[u8], detail: impl Into<String>) -> ExtractError {
-    ExtractError::Invalid { entry: entry_path(entry), detail: detail.into() }
+    ExtractError::Invalid {
+        entry: entry_path(entry),
+        detail: detail.into(),
+    }
 }

@@ -32,7 +32,11 @@ const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 /// [`finalize_tree`](crate::finalize_tree). Nothing outside `target` is created, changed or
 /// deleted: names climbing above it are [`ExtractError::Escape`], symlinks are followed only inside it.
 #[instrument(skip_all, fields(target = %target.display()))]
-pub fn extract_layer(tar: impl Read, target: &Path, options: &ExtractOptions) -> Result<LayerSummary, ExtractError> {
+pub fn extract_layer(
+    tar: impl Read,
+    target: &Path,
+    options: &ExtractOptions,
+) -> Result<LayerSummary, ExtractError> {
     let mut extractor = Extractor {
         tree: Tree::open(target)?,
         options,
@@ -47,15 +51,24 @@ pub fn extract_layer(tar: impl Read, target: &Path, options: &ExtractOptions) ->
         warned_special: false,
     };
     let mut archive = tar::Archive::new(tar);
-    let entries = archive.entries().map_err(|source| ExtractError::Tar { entry: Default::default(), source })?;
+    let entries = archive.entries().map_err(|source| ExtractError::Tar {
+        entry: Default::default(),
+        source,
+    })?;
     for entry in entries {
-        let mut entry = entry.map_err(|source| ExtractError::Tar { entry: entry_path(&extractor.path), source })?;
+        let mut entry = entry.map_err(|source| ExtractError::Tar {
+            entry: entry_path(&extractor.path),
+            source,
+        })?;
         extractor.entry(&mut entry)?;
     }
-    extractor
-        .backend
-        .flush()
-        .map_err(|source| io_error(target.as_os_str().as_encoded_bytes(), "completing writes in", source))?;
+    extractor.backend.flush().map_err(|source| {
+        io_error(
+            target.as_os_str().as_encoded_bytes(),
+            "completing writes in",
+            source,
+        )
+    })?;
     let summary = extractor.summary;
     debug!(
         entries = summary.entries,
@@ -89,7 +102,13 @@ struct Extractor<'a> {
 impl Extractor<'_> {
     fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), ExtractError> {
         let kind = entry.header().entry_type();
-        if matches!(kind, EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink) {
+        if matches!(
+            kind,
+            EntryType::XGlobalHeader
+                | EntryType::XHeader
+                | EntryType::GNULongName
+                | EntryType::GNULongLink
+        ) {
             return Ok(());
         }
         if let Err(detail) = normalize(&entry.path_bytes(), &mut self.path) {
@@ -116,10 +135,17 @@ impl Extractor<'_> {
         if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
             return self.whiteout(path, parent, name, hidden);
         }
-        self.metadata.read(entry).map_err(|source| ExtractError::Tar { entry: entry_path(path), source })?;
+        self.metadata
+            .read(entry)
+            .map_err(|source| ExtractError::Tar {
+                entry: entry_path(path),
+                source,
+            })?;
         if !self.deferred.is_empty() && self.deferred.remove(path) {
             // A later entry for the same path wins over a hardlink deferred to the merge.
-            self.summary.deferred_hardlinks.retain(|link| link.link.as_os_str().as_encoded_bytes() != path);
+            self.summary
+                .deferred_hardlinks
+                .retain(|link| link.link.as_os_str().as_encoded_bytes() != path);
         }
         if path.is_empty() {
             if kind != EntryType::Directory {
@@ -131,19 +157,28 @@ impl Extractor<'_> {
         name_buffer.clear();
         name_buffer.extend_from_slice(name);
         name_buffer.push(0);
-        let name = CStr::from_bytes_with_nul(name_buffer).map_err(|_| invalid(path, "the name contains a NUL byte"))?;
+        let name = CStr::from_bytes_with_nul(name_buffer)
+            .map_err(|_| invalid(path, "the name contains a NUL byte"))?;
         match kind {
             EntryType::Directory => self.directory(path, parent, name),
-            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => self.file(entry, path, parent, name),
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                self.file(entry, path, parent, name)
+            }
             EntryType::Symlink => {
-                let target = entry.link_name_bytes().ok_or_else(|| invalid(path, "symlink without a target"))?;
+                let target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| invalid(path, "symlink without a target"))?;
                 self.symlink(path, parent, name, &target)
             }
             EntryType::Link => {
-                let target = entry.link_name_bytes().ok_or_else(|| invalid(path, "hardlink without a target"))?;
+                let target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| invalid(path, "hardlink without a target"))?;
                 self.hardlink(path, parent, name, &target)
             }
-            EntryType::Char | EntryType::Block | EntryType::Fifo => self.special(entry, kind, path, parent, name),
+            EntryType::Char | EntryType::Block | EntryType::Fifo => {
+                self.special(entry, kind, path, parent, name)
+            }
             other => {
                 debug!(entry = %lossy(path), kind = ?other, "skipping unsupported tar entry type");
                 Ok(())
@@ -152,7 +187,13 @@ impl Extractor<'_> {
     }
 
     /// `.wh..wh..opq` and `.wh.NAME`: recorded for the merge, never created.
-    fn whiteout(&mut self, path: &[u8], parent: &[u8], name: &[u8], hidden: &[u8]) -> Result<(), ExtractError> {
+    fn whiteout(
+        &mut self,
+        path: &[u8],
+        parent: &[u8],
+        name: &[u8],
+        hidden: &[u8],
+    ) -> Result<(), ExtractError> {
         if name == OPAQUE_MARKER {
             // The directory itself exists in this layer even when the tar has no entry for it.
             self.tree.parent_dir(parent, true, path)?;
@@ -194,10 +235,13 @@ impl Extractor<'_> {
         match rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700)) {
             Ok(()) => {}
             Err(Errno::EXIST) => {
-                let existing = file_type_at(dir, name).map_err(|errno| io_error(path, "inspecting", errno))?;
+                let existing =
+                    file_type_at(dir, name).map_err(|errno| io_error(path, "inspecting", errno))?;
                 if existing != Some(FileType::Directory) {
                     // A file, symlink, ... replaced by a directory.
-                    self.replace(parent, name, path, |dir| rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700)))?;
+                    self.replace(parent, name, path, |dir| {
+                        rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
+                    })?;
                 }
             }
             Err(errno) => return Err(io_error(path, "creating directory", errno)),
@@ -206,7 +250,13 @@ impl Extractor<'_> {
         Ok(())
     }
 
-    fn file<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>, path: &[u8], parent: &[u8], name: &CStr) -> Result<(), ExtractError> {
+    fn file<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        path: &[u8],
+        parent: &[u8],
+        name: &CStr,
+    ) -> Result<(), ExtractError> {
         let file = {
             let dir = self.tree.parent_dir(parent, true, path)?;
             match self.backend.create_file(dir, name) {
@@ -214,38 +264,80 @@ impl Extractor<'_> {
                 Err(error) if error.raw_os_error() == Some(libc::EEXIST) => {
                     let backend = &mut self.backend;
                     replace_with(&mut self.tree, parent, name, path, |dir| {
-                        backend.create_file(dir, name).map_err(|error| Errno::from_io_error(&error).unwrap_or(Errno::IO))
+                        backend
+                            .create_file(dir, name)
+                            .map_err(|error| Errno::from_io_error(&error).unwrap_or(Errno::IO))
                     })?
                 }
                 Err(error) => return Err(io_error(path, "creating file", error)),
             }
         };
-        let written = self.backend.write_data(file.as_fd(), entry).map_err(|error| io_error(path, "writing", error))?;
-        apply_to_fd(file.as_fd(), &self.metadata, self.options.chown, &mut self.xattrs, path)?;
-        self.backend.close_file(file).map_err(|error| io_error(path, "closing", error))?;
+        let written = self
+            .backend
+            .write_data(file.as_fd(), entry)
+            .map_err(|error| io_error(path, "writing", error))?;
+        apply_to_fd(
+            file.as_fd(),
+            &self.metadata,
+            self.options.chown,
+            &mut self.xattrs,
+            path,
+        )?;
+        self.backend
+            .close_file(file)
+            .map_err(|error| io_error(path, "closing", error))?;
         self.summary.files += 1;
         self.summary.bytes_written += written;
         Ok(())
     }
 
-    fn symlink(&mut self, path: &[u8], parent: &[u8], name: &CStr, target: &[u8]) -> Result<(), ExtractError> {
+    fn symlink(
+        &mut self,
+        path: &[u8],
+        parent: &[u8],
+        name: &CStr,
+        target: &[u8],
+    ) -> Result<(), ExtractError> {
         // The target is stored verbatim: it is only ever resolved by our own confined walk.
-        self.create(parent, name, path, |dir| rustix::fs::symlinkat(target, dir, name))?;
+        self.create(parent, name, path, |dir| {
+            rustix::fs::symlinkat(target, dir, name)
+        })?;
         let dir = self.tree.parent_dir(parent, false, path)?;
-        apply_nofollow(dir, name, &self.metadata, self.options.chown, &mut self.xattrs, path)?;
+        apply_nofollow(
+            dir,
+            name,
+            &self.metadata,
+            self.options.chown,
+            &mut self.xattrs,
+            path,
+        )?;
         self.summary.symlinks += 1;
         Ok(())
     }
 
-    fn hardlink(&mut self, path: &[u8], parent: &[u8], name: &CStr, target: &[u8]) -> Result<(), ExtractError> {
+    fn hardlink(
+        &mut self,
+        path: &[u8],
+        parent: &[u8],
+        name: &CStr,
+        target: &[u8],
+    ) -> Result<(), ExtractError> {
         let mut link = std::mem::take(&mut self.link);
         let result = self.hardlink_to(path, parent, name, target, &mut link);
         self.link = link;
         result
     }
 
-    fn hardlink_to(&mut self, path: &[u8], parent: &[u8], name: &CStr, raw_target: &[u8], target: &mut Vec<u8>) -> Result<(), ExtractError> {
-        normalize(raw_target, target).map_err(|detail| escape(path, format!("hardlink target: {detail}")))?;
+    fn hardlink_to(
+        &mut self,
+        path: &[u8],
+        parent: &[u8],
+        name: &CStr,
+        raw_target: &[u8],
+        target: &mut Vec<u8>,
+    ) -> Result<(), ExtractError> {
+        normalize(raw_target, target)
+            .map_err(|detail| escape(path, format!("hardlink target: {detail}")))?;
         self.summary.hardlinks += 1;
         if target.as_slice() == path {
             return Ok(()); // a link to itself: nothing to do
@@ -254,7 +346,8 @@ impl Extractor<'_> {
             return Err(invalid(path, "hardlink to the root directory"));
         }
         let (target_parent, target_name) = split_parent(target);
-        let target_name = std::ffi::CString::new(target_name).map_err(|_| invalid(path, "hardlink target contains a NUL byte"))?;
+        let target_name = std::ffi::CString::new(target_name)
+            .map_err(|_| invalid(path, "hardlink target contains a NUL byte"))?;
         let target_dir = match self.tree.lookup_dir(target_parent, path) {
             Ok(dir) => Some(dir),
             Err(ExtractError::Io { source, .. })
@@ -265,7 +358,8 @@ impl Extractor<'_> {
             Err(error) => return Err(error),
         };
         let present = match &target_dir {
-            Some(dir) => file_type_at(dir.as_fd(), &target_name).map_err(|errno| io_error(path, "inspecting hardlink target of", errno))?,
+            Some(dir) => file_type_at(dir.as_fd(), &target_name)
+                .map_err(|errno| io_error(path, "inspecting hardlink target of", errno))?,
             None => None,
         };
         match (target_dir, present) {
@@ -277,24 +371,38 @@ impl Extractor<'_> {
             _ => {
                 // Not written by this layer: a file of an earlier layer, linked by the merge.
                 let dir = self.tree.parent_dir(parent, true, path)?;
-                if file_type_at(dir, name).map_err(|errno| io_error(path, "inspecting", errno))?.is_some() {
+                if file_type_at(dir, name)
+                    .map_err(|errno| io_error(path, "inspecting", errno))?
+                    .is_some()
+                {
                     remove_all_at(dir, name).map_err(|errno| io_error(path, "removing", errno))?;
                     self.tree.invalidate();
                 }
                 debug!(entry = %lossy(path), target = %lossy(target), "hardlink target not in this layer; deferred to the merge");
-                self.summary.deferred_hardlinks.push(DeferredHardlink { link: entry_path(path), target: entry_path(target) });
+                self.summary.deferred_hardlinks.push(DeferredHardlink {
+                    link: entry_path(path),
+                    target: entry_path(target),
+                });
                 self.deferred.insert(path.to_vec());
             }
         }
         Ok(())
     }
 
-    fn special<R: Read>(&mut self, entry: &tar::Entry<'_, R>, kind: EntryType, path: &[u8], parent: &[u8], name: &CStr) -> Result<(), ExtractError> {
+    fn special<R: Read>(
+        &mut self,
+        entry: &tar::Entry<'_, R>,
+        kind: EntryType,
+        path: &[u8],
+        parent: &[u8],
+        name: &CStr,
+    ) -> Result<(), ExtractError> {
         if !self.options.special_files {
             self.summary.skipped_special_files += 1;
+            // The count goes into the summary; the caller warns once for the whole image.
             if !self.warned_special {
                 self.warned_special = true;
-                warn!(entry = %lossy(path), "skipping device nodes and fifos in this layer (special files are off: not running as root?)");
+                debug!(entry = %lossy(path), "skipping device nodes and fifos in this layer (special files are off)");
             }
             return Ok(());
         }
@@ -308,20 +416,36 @@ impl Extractor<'_> {
         };
         let mode = Mode::from_raw_mode(self.metadata.mode);
         let device = rustix::fs::makedev(major, minor);
-        self.create(parent, name, path, |dir| rustix::fs::mknodat(dir, name, file_type, mode, device))?;
+        self.create(parent, name, path, |dir| {
+            rustix::fs::mknodat(dir, name, file_type, mode, device)
+        })?;
         let dir = self.tree.parent_dir(parent, false, path)?;
-        apply_nofollow(dir, name, &self.metadata, self.options.chown, &mut self.xattrs, path)?;
+        apply_nofollow(
+            dir,
+            name,
+            &self.metadata,
+            self.options.chown,
+            &mut self.xattrs,
+            path,
+        )?;
         // The mode given to mknodat is filtered by the umask, and chown may clear setgid. A device
         // cannot be opened to fchmod it (opening has side effects, a fifo blocks), so chmod by name:
         // the node was created by the mknodat above, it is not a symlink.
-        rustix::fs::chmodat(dir, name, mode, AtFlags::empty()).map_err(|errno| io_error(path, "changing mode of", errno))?;
+        rustix::fs::chmodat(dir, name, mode, AtFlags::empty())
+            .map_err(|errno| io_error(path, "changing mode of", errno))?;
         self.summary.special_files += 1;
         Ok(())
     }
 
     /// Runs `operation` (which creates `name` in the parent directory); when the name exists,
     /// removes what is there (a tar entry replaces an earlier one) and runs it again.
-    fn create<T>(&mut self, parent: &[u8], name: &CStr, path: &[u8], mut operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>) -> Result<T, ExtractError> {
+    fn create<T>(
+        &mut self,
+        parent: &[u8],
+        name: &CStr,
+        path: &[u8],
+        mut operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>,
+    ) -> Result<T, ExtractError> {
         let dir = self.tree.parent_dir(parent, true, path)?;
         match operation(dir) {
             Ok(value) => Ok(value),
@@ -330,7 +454,13 @@ impl Extractor<'_> {
         }
     }
 
-    fn replace<T>(&mut self, parent: &[u8], name: &CStr, path: &[u8], operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>) -> Result<T, ExtractError> {
+    fn replace<T>(
+        &mut self,
+        parent: &[u8],
+        name: &CStr,
+        path: &[u8],
+        operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>,
+    ) -> Result<T, ExtractError> {
         replace_with(&mut self.tree, parent, name, path, operation)
     }
 }

@@ -24,7 +24,11 @@ use crate::summary::{DirectoryMetadata, LayerSummary};
 /// Directories are processed deepest first so that a read-only directory does not block its
 /// children when not running as root.
 #[instrument(skip_all, fields(root = %root.display(), layers = summaries.len()))]
-pub fn finalize_tree(root: &Path, summaries: &[LayerSummary], options: &ExtractOptions) -> Result<(), ExtractError> {
+pub fn finalize_tree(
+    root: &Path,
+    summaries: &[LayerSummary],
+    options: &ExtractOptions,
+) -> Result<(), ExtractError> {
     let tree = Tree::open(root)?;
     // Latest layer that removed each path (whiteout) or the content of each directory (opaque).
     let mut whited_out: HashMap<&[u8], usize> = HashMap::new();
@@ -47,7 +51,11 @@ pub fn finalize_tree(root: &Path, summaries: &[LayerSummary], options: &ExtractO
             if end < path.len() && emptied.get(prefix).is_some_and(|&by| by > layer) {
                 return true;
             }
-            prefix_end = if end == 0 { None } else { Some(split_parent(prefix).0.len()) };
+            prefix_end = if end == 0 {
+                None
+            } else {
+                Some(split_parent(prefix).0.len())
+            };
         }
         false
     };
@@ -62,7 +70,13 @@ pub fn finalize_tree(root: &Path, summaries: &[LayerSummary], options: &ExtractO
         }
     }
     let mut ordered: Vec<(&[u8], &DirectoryMetadata)> = latest.into_iter().collect();
-    let depth = |path: &[u8]| if path.is_empty() { 0 } else { 1 + path.iter().filter(|byte| **byte == b'/').count() };
+    let depth = |path: &[u8]| {
+        if path.is_empty() {
+            0
+        } else {
+            1 + path.iter().filter(|byte| **byte == b'/').count()
+        }
+    };
     ordered.sort_by(|a, b| depth(b.0).cmp(&depth(a.0)).then(a.0.cmp(b.0)));
 
     let mut policy = XattrPolicy::new(options.chown);
@@ -74,10 +88,15 @@ pub fn finalize_tree(root: &Path, summaries: &[LayerSummary], options: &ExtractO
             let (parent, name) = split_parent(path);
             let parent = match tree.lookup_dir(parent, path) {
                 Ok(parent) => parent,
-                Err(ExtractError::Io { source, .. }) if matches!(source.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => continue,
+                Err(ExtractError::Io { source, .. })
+                    if matches!(source.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) =>
+                {
+                    continue;
+                }
                 Err(error) => return Err(error),
             };
-            let name = std::ffi::CString::new(name).map_err(|_| invalid(path, "the name contains a NUL byte"))?;
+            let name = std::ffi::CString::new(name)
+                .map_err(|_| invalid(path, "the name contains a NUL byte"))?;
             rustix::fs::openat(parent.as_fd(), &name, flags, Mode::empty())
         };
         let dir = match dir {

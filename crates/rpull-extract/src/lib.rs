@@ -23,4 +23,6 @@ pub use extract::extract_layer;
 pub use finalize::finalize_tree;
 pub use merge::merge_layer;
 pub use options::{ExtractOptions, IoBackendKind};
-pub use summary::{DeferredHardlink, DirectoryMetadata, LayerSummary, MergeStats, Timestamp, Xattr};
+pub use summary::{
+    DeferredHardlink, DirectoryMetadata, LayerSummary, MergeStats, Timestamp, Xattr,
+};

@@ -16,7 +16,10 @@ use crate::remove::{list_dir, remove_all_at, remove_children};
 use crate::resolve::{Tree, file_type_at};
 use crate::summary::{LayerSummary, MergeStats};
 
-const DIR_READ_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY).union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
+const DIR_READ_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
 
 /// Applies the layer extracted into `staged` on top of `root`, in this order:
 ///
@@ -30,7 +33,12 @@ const DIR_READ_FLAGS: OFlags = OFlags::RDONLY.union(OFlags::DIRECTORY).union(OFl
 ///
 /// `staged` is removed when done. Directory metadata is left to [`finalize_tree`](crate::finalize_tree).
 #[instrument(skip_all, fields(staged = %staged.display()))]
-pub fn merge_layer(root: &Path, staged: &Path, summary: &LayerSummary, options: &ExtractOptions) -> Result<MergeStats, ExtractError> {
+pub fn merge_layer(
+    root: &Path,
+    staged: &Path,
+    summary: &LayerSummary,
+    options: &ExtractOptions,
+) -> Result<MergeStats, ExtractError> {
     let _ = options; // Nothing option-dependent yet: the merge only renames and unlinks.
     let tree = Tree::open(root)?;
     let mut stats = MergeStats::default();
@@ -39,7 +47,9 @@ pub fn merge_layer(root: &Path, staged: &Path, summary: &LayerSummary, options: 
         let path = whiteout.as_os_str().as_bytes();
         let (parent, name) = split_parent(path);
         let name = c_name(name, path)?;
-        let Some(dir) = lookup_existing_dir(&tree, parent, path)? else { continue };
+        let Some(dir) = lookup_existing_dir(&tree, parent, path)? else {
+            continue;
+        };
         match remove_all_at(dir.as_fd(), &name) {
             Ok(()) => stats.whiteouts_applied += 1,
             Err(Errno::NOENT) => {}
@@ -50,22 +60,30 @@ pub fn merge_layer(root: &Path, staged: &Path, summary: &LayerSummary, options: 
     for opaque in &summary.opaque_dirs {
         let path = opaque.as_os_str().as_bytes();
         let dir = if path.is_empty() {
-            Some(rustix::fs::openat(tree.root(), c".", DIR_READ_FLAGS, Mode::empty()).map_err(|errno| io_error(path, "opening", errno))?)
+            Some(
+                rustix::fs::openat(tree.root(), c".", DIR_READ_FLAGS, Mode::empty())
+                    .map_err(|errno| io_error(path, "opening", errno))?,
+            )
         } else {
             let (parent, name) = split_parent(path);
             let name = c_name(name, path)?;
             match lookup_existing_dir(&tree, parent, path)? {
                 // Not followed if it is a symlink: the staged directory will replace it.
-                Some(parent) => match rustix::fs::openat(parent, &name, DIR_READ_FLAGS, Mode::empty()) {
-                    Ok(dir) => Some(dir),
-                    Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => None,
-                    Err(errno) => return Err(io_error(path, "opening opaque directory", errno)),
-                },
+                Some(parent) => {
+                    match rustix::fs::openat(parent, &name, DIR_READ_FLAGS, Mode::empty()) {
+                        Ok(dir) => Some(dir),
+                        Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => None,
+                        Err(errno) => {
+                            return Err(io_error(path, "opening opaque directory", errno));
+                        }
+                    }
+                }
                 None => None,
             }
         };
         if let Some(dir) = dir {
-            remove_children(dir.as_fd()).map_err(|errno| io_error(path, "emptying opaque directory", errno))?;
+            remove_children(dir.as_fd())
+                .map_err(|errno| io_error(path, "emptying opaque directory", errno))?;
             stats.opaque_dirs_applied += 1;
         }
     }
@@ -78,7 +96,11 @@ pub fn merge_layer(root: &Path, staged: &Path, summary: &LayerSummary, options: 
     merge_dir(root_dir.as_fd(), staged_dir.as_fd(), &mut path, &mut stats)?;
 
     for hardlink in &summary.deferred_hardlinks {
-        link_deferred(&tree, hardlink.link.as_os_str().as_bytes(), hardlink.target.as_os_str().as_bytes())?;
+        link_deferred(
+            &tree,
+            hardlink.link.as_os_str().as_bytes(),
+            hardlink.target.as_os_str().as_bytes(),
+        )?;
         stats.hardlinks_linked += 1;
     }
 
@@ -90,8 +112,14 @@ pub fn merge_layer(root: &Path, staged: &Path, summary: &LayerSummary, options: 
 
 /// Moves the content of `staged` into `root`; `path` is the directory's path relative to the root
 /// (for error messages), extended and restored as the recursion goes.
-fn merge_dir(root: BorrowedFd<'_>, staged: BorrowedFd<'_>, path: &mut Vec<u8>, stats: &mut MergeStats) -> Result<(), ExtractError> {
-    let names = list_dir(staged).map_err(|errno| io_error(path, "listing staged directory", errno))?;
+fn merge_dir(
+    root: BorrowedFd<'_>,
+    staged: BorrowedFd<'_>,
+    path: &mut Vec<u8>,
+    stats: &mut MergeStats,
+) -> Result<(), ExtractError> {
+    let names =
+        list_dir(staged).map_err(|errno| io_error(path, "listing staged directory", errno))?;
     for name in names {
         let length = path.len();
         if !path.is_empty() {
@@ -105,7 +133,13 @@ fn merge_dir(root: BorrowedFd<'_>, staged: BorrowedFd<'_>, path: &mut Vec<u8>, s
     Ok(())
 }
 
-fn merge_entry(root: BorrowedFd<'_>, staged: BorrowedFd<'_>, name: &CStr, path: &mut Vec<u8>, stats: &mut MergeStats) -> Result<(), ExtractError> {
+fn merge_entry(
+    root: BorrowedFd<'_>,
+    staged: BorrowedFd<'_>,
+    name: &CStr,
+    path: &mut Vec<u8>,
+    stats: &mut MergeStats,
+) -> Result<(), ExtractError> {
     match rustix::fs::renameat_with(staged, name, root, name, RenameFlags::NOREPLACE) {
         Ok(()) => {
             stats.renamed += 1;
@@ -113,16 +147,23 @@ fn merge_entry(root: BorrowedFd<'_>, staged: BorrowedFd<'_>, name: &CStr, path: 
         }
         Err(Errno::EXIST) => {}
         // File systems without RENAME_NOREPLACE: look before renaming.
-        Err(Errno::INVAL | Errno::NOSYS) if file_type_at(root, name).map_err(|errno| io_error(path, "inspecting", errno))?.is_none() => {
-            rustix::fs::renameat(staged, name, root, name).map_err(|errno| io_error(path, "moving staged entry to", errno))?;
+        Err(Errno::INVAL | Errno::NOSYS)
+            if file_type_at(root, name)
+                .map_err(|errno| io_error(path, "inspecting", errno))?
+                .is_none() =>
+        {
+            rustix::fs::renameat(staged, name, root, name)
+                .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
             stats.renamed += 1;
             return Ok(());
         }
         Err(Errno::INVAL | Errno::NOSYS) => {}
         Err(errno) => return Err(io_error(path, "moving staged entry to", errno)),
     }
-    let staged_type = file_type_at(staged, name).map_err(|errno| io_error(path, "inspecting staged", errno))?;
-    let root_type = file_type_at(root, name).map_err(|errno| io_error(path, "inspecting", errno))?;
+    let staged_type =
+        file_type_at(staged, name).map_err(|errno| io_error(path, "inspecting staged", errno))?;
+    let root_type =
+        file_type_at(root, name).map_err(|errno| io_error(path, "inspecting", errno))?;
     if staged_type == Some(FileType::Directory) && root_type == Some(FileType::Directory) {
         let staged_child = rustix::fs::openat(staged, name, DIR_READ_FLAGS, Mode::empty())
             .map_err(|errno| io_error(path, "opening staged directory", errno))?;
@@ -139,7 +180,8 @@ fn merge_entry(root: BorrowedFd<'_>, staged: BorrowedFd<'_>, name: &CStr, path: 
             Err(errno) => return Err(io_error(path, "removing replaced", errno)),
         }
     }
-    rustix::fs::renameat(staged, name, root, name).map_err(|errno| io_error(path, "moving staged entry to", errno))?;
+    rustix::fs::renameat(staged, name, root, name)
+        .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
     stats.replaced += 1;
     Ok(())
 }
@@ -152,11 +194,20 @@ fn link_deferred(tree: &Tree, link: &[u8], target: &[u8]) -> Result<(), ExtractE
     let (link_parent, link_name) = split_parent(link);
     let link_name = c_name(link_name, link)?;
     let link_dir = tree.lookup_dir(link_parent, link)?;
-    let create = || rustix::fs::linkat(&target_dir, &target_name, &link_dir, &link_name, AtFlags::empty());
+    let create = || {
+        rustix::fs::linkat(
+            &target_dir,
+            &target_name,
+            &link_dir,
+            &link_name,
+            AtFlags::empty(),
+        )
+    };
     match create() {
         Ok(()) => Ok(()),
         Err(Errno::EXIST) => {
-            remove_all_at(link_dir.as_fd(), &link_name).map_err(|errno| io_error(link, "removing replaced", errno))?;
+            remove_all_at(link_dir.as_fd(), &link_name)
+                .map_err(|errno| io_error(link, "removing replaced", errno))?;
             create().map_err(|errno| io_error(link, "creating hardlink", errno))
         }
         Err(errno) => Err(io_error(link, "creating hardlink", errno)),
@@ -164,10 +215,18 @@ fn link_deferred(tree: &Tree, link: &[u8], target: &[u8]) -> Result<(), ExtractE
 }
 
 /// The directory `parent` in the root, or `None` when it does not exist (nothing to white out).
-fn lookup_existing_dir(tree: &Tree, parent: &[u8], entry: &[u8]) -> Result<Option<OwnedFd>, ExtractError> {
+fn lookup_existing_dir(
+    tree: &Tree,
+    parent: &[u8],
+    entry: &[u8],
+) -> Result<Option<OwnedFd>, ExtractError> {
     match tree.lookup_dir(parent, entry) {
         Ok(dir) => Ok(Some(dir)),
-        Err(ExtractError::Io { source, .. }) if matches!(source.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => Ok(None),
+        Err(ExtractError::Io { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) =>
+        {
+            Ok(None)
+        }
         Err(error) => Err(error),
     }
 }
@@ -183,8 +242,15 @@ fn remove_staged(staged: &Path) -> Result<(), ExtractError> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    let name = staged.file_name().ok_or_else(|| invalid(bytes, "staging directory has no name"))?;
-    let parent = rustix::fs::open(parent, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|errno| io_error(bytes, "opening parent of staging directory", errno))?;
-    remove_all_at(parent.as_fd(), &c_name(name.as_bytes(), bytes)?).map_err(|errno| io_error(bytes, "removing staging directory", errno))
+    let name = staged
+        .file_name()
+        .ok_or_else(|| invalid(bytes, "staging directory has no name"))?;
+    let parent = rustix::fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|errno| io_error(bytes, "opening parent of staging directory", errno))?;
+    remove_all_at(parent.as_fd(), &c_name(name.as_bytes(), bytes)?)
+        .map_err(|errno| io_error(bytes, "removing staging directory", errno))
 }

@@ -4,9 +4,9 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use rustix::fs::Timespec;
 use rustix::fs::{AtFlags, Gid, Mode, Timestamps, Uid, XattrFlags};
 use rustix::io::Errno;
-use rustix::fs::Timespec;
 
 use crate::error::{ExtractError, io_error};
 use crate::summary::{Timestamp, Xattr};
@@ -30,10 +30,15 @@ impl EntryMetadata {
         let header = entry.header();
         let raw = header.as_bytes();
         self.mode = numeric(header.mode().map(u64::from), &raw[100..108])? as u32 & 0o7777;
-        self.uid = u32::try_from(numeric(header.uid(), &raw[108..116])?).map_err(|_| io::Error::other("uid does not fit 32 bits"))?;
-        self.gid = u32::try_from(numeric(header.gid(), &raw[116..124])?).map_err(|_| io::Error::other("gid does not fit 32 bits"))?;
+        self.uid = u32::try_from(numeric(header.uid(), &raw[108..116])?)
+            .map_err(|_| io::Error::other("uid does not fit 32 bits"))?;
+        self.gid = u32::try_from(numeric(header.gid(), &raw[116..124])?)
+            .map_err(|_| io::Error::other("gid does not fit 32 bits"))?;
         let mtime = numeric(header.mtime(), &raw[136..148])?;
-        self.mtime = Timestamp { seconds: i64::try_from(mtime).unwrap_or(i64::MAX), nanoseconds: 0 };
+        self.mtime = Timestamp {
+            seconds: i64::try_from(mtime).unwrap_or(i64::MAX),
+            nanoseconds: 0,
+        };
         self.xattrs.clear();
         if let Some(extensions) = entry.pax_extensions()? {
             for extension in extensions {
@@ -44,7 +49,10 @@ impl EntryMetadata {
                         self.mtime = mtime;
                     }
                 } else if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
-                    self.xattrs.push(Xattr { name: name.to_vec(), value: extension.value_bytes().to_vec() });
+                    self.xattrs.push(Xattr {
+                        name: name.to_vec(),
+                        value: extension.value_bytes().to_vec(),
+                    });
                 }
             }
         }
@@ -67,8 +75,14 @@ fn numeric(parsed: io::Result<u64>, raw: &[u8]) -> io::Result<u64> {
 }
 
 pub(crate) fn timestamps(mtime: Timestamp) -> Timestamps {
-    let time = Timespec { tv_sec: mtime.seconds, tv_nsec: i64::from(mtime.nanoseconds) };
-    Timestamps { last_access: time, last_modification: time }
+    let time = Timespec {
+        tv_sec: mtime.seconds,
+        tv_nsec: i64::from(mtime.nanoseconds),
+    };
+    Timestamps {
+        last_access: time,
+        last_modification: time,
+    }
 }
 
 /// Parses a pax time, `[-]SECONDS[.FRACTION]`.
@@ -84,7 +98,11 @@ pub(crate) fn parse_pax_time(value: &[u8]) -> Option<Timestamp> {
     if !digits.bytes().all(|byte| byte.is_ascii_digit()) {
         return None;
     }
-    let mut nanoseconds: u32 = if digits.is_empty() { 0 } else { format!("{digits:0<9}").parse().ok()? };
+    let mut nanoseconds: u32 = if digits.is_empty() {
+        0
+    } else {
+        format!("{digits:0<9}").parse().ok()?
+    };
     if negative {
         seconds = -seconds;
         if nanoseconds > 0 {
@@ -92,7 +110,10 @@ pub(crate) fn parse_pax_time(value: &[u8]) -> Option<Timestamp> {
             nanoseconds = 1_000_000_000 - nanoseconds;
         }
     }
-    Some(Timestamp { seconds, nanoseconds })
+    Some(Timestamp {
+        seconds,
+        nanoseconds,
+    })
 }
 
 /// Decides what happens when the file system refuses an xattr, and warns once.
@@ -104,14 +125,22 @@ pub(crate) struct XattrPolicy {
 
 impl XattrPolicy {
     pub(crate) fn new(chown: bool) -> Self {
-        Self { chown, warned: false }
+        Self {
+            chown,
+            warned: false,
+        }
     }
 
     /// `Ok` when the refusal is tolerated (logged), `Err` when it must fail the layer: any error
     /// other than "not supported / not permitted", and `security.capability` when running with
     /// `chown` (as root), because silently dropping a file capability breaks the program that needs
     /// it (ping, ...) in a way nobody notices.
-    pub(crate) fn refused(&mut self, entry: &[u8], xattr: &[u8], errno: Errno) -> Result<(), ExtractError> {
+    pub(crate) fn refused(
+        &mut self,
+        entry: &[u8],
+        xattr: &[u8],
+        errno: Errno,
+    ) -> Result<(), ExtractError> {
         let tolerable = matches!(errno, Errno::NOTSUP | Errno::PERM | Errno::ACCESS);
         if !tolerable || (self.chown && xattr == CAPABILITY_XATTR) {
             return Err(io_error(entry, "setting extended attribute", errno));
@@ -139,7 +168,17 @@ pub(crate) fn apply_to_fd(
     policy: &mut XattrPolicy,
     entry: &[u8],
 ) -> Result<(), ExtractError> {
-    apply_fd_parts(fd, metadata.mode, metadata.uid, metadata.gid, &metadata.xattrs, metadata.mtime, chown, policy, entry)
+    apply_fd_parts(
+        fd,
+        metadata.mode,
+        metadata.uid,
+        metadata.gid,
+        &metadata.xattrs,
+        metadata.mtime,
+        chown,
+        policy,
+        entry,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -158,13 +197,17 @@ pub(crate) fn apply_fd_parts(
         rustix::fs::fchown(fd, Some(uid_of(uid)), Some(gid_of(gid)))
             .map_err(|errno| io_error(entry, "changing owner of", errno))?;
     }
-    rustix::fs::fchmod(fd, Mode::from_raw_mode(mode)).map_err(|errno| io_error(entry, "changing mode of", errno))?;
+    rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
+        .map_err(|errno| io_error(entry, "changing mode of", errno))?;
     for xattr in xattrs {
-        if let Err(errno) = rustix::fs::fsetxattr(fd, xattr.name.as_slice(), &xattr.value, XattrFlags::empty()) {
+        if let Err(errno) =
+            rustix::fs::fsetxattr(fd, xattr.name.as_slice(), &xattr.value, XattrFlags::empty())
+        {
             policy.refused(entry, &xattr.name, errno)?;
         }
     }
-    rustix::fs::futimens(fd, &timestamps(mtime)).map_err(|errno| io_error(entry, "setting times of", errno))
+    rustix::fs::futimens(fd, &timestamps(mtime))
+        .map_err(|errno| io_error(entry, "setting times of", errno))
 }
 
 /// Owner, xattrs and times of `name` in `dir` without following it (symlinks, device nodes).
@@ -177,8 +220,14 @@ pub(crate) fn apply_nofollow(
     entry: &[u8],
 ) -> Result<(), ExtractError> {
     if chown {
-        rustix::fs::chownat(dir, name, Some(uid_of(metadata.uid)), Some(gid_of(metadata.gid)), AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|errno| io_error(entry, "changing owner of", errno))?;
+        rustix::fs::chownat(
+            dir,
+            name,
+            Some(uid_of(metadata.uid)),
+            Some(gid_of(metadata.gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|errno| io_error(entry, "changing owner of", errno))?;
     }
     if !metadata.xattrs.is_empty() {
         // There is no lsetxattrat before Linux 6.13: name the file through our own directory
@@ -186,7 +235,12 @@ pub(crate) fn apply_nofollow(
         let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
         path.extend_from_slice(name.to_bytes());
         for xattr in &metadata.xattrs {
-            if let Err(errno) = rustix::fs::lsetxattr(path.as_slice(), xattr.name.as_slice(), &xattr.value, XattrFlags::empty()) {
+            if let Err(errno) = rustix::fs::lsetxattr(
+                path.as_slice(),
+                xattr.name.as_slice(),
+                &xattr.value,
+                XattrFlags::empty(),
+            ) {
                 policy.refused(entry, &xattr.name, errno)?;
             }
         }
@@ -214,7 +268,10 @@ mod tests {
         let cases: &[Case] = &[
             (b"1700000000", Some((1_700_000_000, 0))),
             (b"1700000000.5", Some((1_700_000_000, 500_000_000))),
-            (b"1700000000.123456789123", Some((1_700_000_000, 123_456_789))),
+            (
+                b"1700000000.123456789123",
+                Some((1_700_000_000, 123_456_789)),
+            ),
             (b"-1.25", Some((-2, 750_000_000))),
             (b"abc", None),
             (b"1.x", None),

@@ -60,7 +60,12 @@ mod tests {
         let mut out = Vec::new();
         for (name, expected) in cases {
             let result = normalize(name, &mut out).ok().map(|()| out.as_slice());
-            assert_eq!(result, *expected, "normalize({:?})", String::from_utf8_lossy(name));
+            assert_eq!(
+                result,
+                *expected,
+                "normalize({:?})",
+                String::from_utf8_lossy(name)
+            );
         }
     }
 

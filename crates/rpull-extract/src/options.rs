@@ -24,7 +24,11 @@ impl ExtractOptions {
     /// `chown` and `special_files` only when running as root (effective uid 0), the std backend.
     pub fn for_current_user() -> Self {
         let root = rustix::process::geteuid().is_root();
-        Self { chown: root, special_files: root, backend: IoBackendKind::Std }
+        Self {
+            chown: root,
+            special_files: root,
+            backend: IoBackendKind::Std,
+        }
     }
 }
 

@@ -38,7 +38,12 @@ pub(crate) fn remove_children(dir: BorrowedFd<'_>) -> Result<(), Errno> {
 /// The names in directory `dir` except `.` and `..`, collected first so that the directory can be
 /// changed while they are processed.
 pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<CString>, Errno> {
-    let fd = rustix::fs::openat(dir, c".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    let fd = rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
     let mut reader = Dir::new(fd)?;
     let mut names = Vec::new();
     while let Some(entry) = reader.read() {

@@ -42,9 +42,14 @@ pub(crate) struct Tree {
 
 impl Tree {
     pub(crate) fn open(root: &Path) -> Result<Self, ExtractError> {
-        let fd = rustix::fs::open(root, DIR_PATH_FLAGS, Mode::empty())
-            .map_err(|errno| io_error(root.as_os_str().as_bytes(), "opening root directory", errno))?;
-        Ok(Self { root: fd, cached_path: Vec::new(), cached: Vec::new() })
+        let fd = rustix::fs::open(root, DIR_PATH_FLAGS, Mode::empty()).map_err(|errno| {
+            io_error(root.as_os_str().as_bytes(), "opening root directory", errno)
+        })?;
+        Ok(Self {
+            root: fd,
+            cached_path: Vec::new(),
+            cached: Vec::new(),
+        })
     }
 
     pub(crate) fn root(&self) -> BorrowedFd<'_> {
@@ -59,13 +64,21 @@ impl Tree {
 
     /// Opens the directory at normalised path `dir` (following symlinks inside the root), creating
     /// missing directories with [`IMPLICIT_DIR_MODE`] when `create`. `entry` names the errors.
-    pub(crate) fn parent_dir(&mut self, dir: &[u8], create: bool, entry: &[u8]) -> Result<BorrowedFd<'_>, ExtractError> {
+    pub(crate) fn parent_dir(
+        &mut self,
+        dir: &[u8],
+        create: bool,
+        entry: &[u8],
+    ) -> Result<BorrowedFd<'_>, ExtractError> {
         if dir.is_empty() {
             return Ok(self.root.as_fd());
         }
         // Keep the deepest cached directory that is a prefix of `dir`.
         while let Some(&(end, _)) = self.cached.last() {
-            if dir.len() >= end && dir[..end] == self.cached_path[..end] && (dir.len() == end || dir[end] == b'/') {
+            if dir.len() >= end
+                && dir[..end] == self.cached_path[..end]
+                && (dir.len() == end || dir[end] == b'/')
+            {
                 break;
             }
             self.cached.pop();
@@ -73,7 +86,11 @@ impl Tree {
         let mut start = self.cached.last().map_or(0, |&(end, _)| end);
         self.cached_path.truncate(start);
         if start == dir.len() {
-            return Ok(self.cached.last().map(|(_, fd)| fd.as_fd()).unwrap_or(self.root.as_fd()));
+            return Ok(self
+                .cached
+                .last()
+                .map(|(_, fd)| fd.as_fd())
+                .unwrap_or(self.root.as_fd()));
         }
         if start > 0 {
             start += 1; // skip the '/'
@@ -81,7 +98,10 @@ impl Tree {
         for component in dir[start..].split(|byte| *byte == b'/') {
             let end = start + component.len();
             let fd = {
-                let current = self.cached.last().map_or(self.root.as_fd(), |(_, fd)| fd.as_fd());
+                let current = self
+                    .cached
+                    .last()
+                    .map_or(self.root.as_fd(), |(_, fd)| fd.as_fd());
                 match open_beneath(current, component) {
                     Ok(fd) => fd,
                     // Missing, absolute symlink, `..` out of `current`, not a directory, ELOOP...:
@@ -96,7 +116,11 @@ impl Tree {
             self.cached.push((end, fd));
             start = end + 1;
         }
-        Ok(self.cached.last().map(|(_, fd)| fd.as_fd()).unwrap_or(self.root.as_fd()))
+        Ok(self
+            .cached
+            .last()
+            .map(|(_, fd)| fd.as_fd())
+            .unwrap_or(self.root.as_fd()))
     }
 
     /// Like [`Tree::parent_dir`] without creating anything or touching the cache (hardlink targets,
@@ -134,10 +158,19 @@ fn open_beneath(dir: BorrowedFd<'_>, path: &[u8]) -> Result<OwnedFd, Errno> {
 /// over `O_PATH|O_NOFOLLOW` descriptors, following symlinks inside the root: an absolute target
 /// restarts at the root, a `..` above the root is an escape. Missing directories are created with
 /// [`IMPLICIT_DIR_MODE`] when `create`.
-pub(crate) fn walk_beneath(root: BorrowedFd<'_>, path: &[u8], create: bool, entry: &[u8]) -> Result<OwnedFd, ExtractError> {
+pub(crate) fn walk_beneath(
+    root: BorrowedFd<'_>,
+    path: &[u8],
+    create: bool,
+    entry: &[u8],
+) -> Result<OwnedFd, ExtractError> {
     let fail = |operation: &'static str, errno: Errno| io_error(entry, operation, errno);
     // Components still to resolve, last one first.
-    let mut pending: Vec<Vec<u8>> = path.split(|byte| *byte == b'/').rev().map(<[u8]>::to_vec).collect();
+    let mut pending: Vec<Vec<u8>> = path
+        .split(|byte| *byte == b'/')
+        .rev()
+        .map(<[u8]>::to_vec)
+        .collect();
     // Directories opened so far below the root; empty means "at the root".
     let mut stack: Vec<OwnedFd> = Vec::new();
     let mut symlinks = 0;
@@ -157,7 +190,8 @@ pub(crate) fn walk_beneath(root: BorrowedFd<'_>, path: &[u8], create: bool, entr
         let fd = match rustix::fs::openat(current, component.as_slice(), flags, Mode::empty()) {
             Ok(fd) => fd,
             Err(Errno::NOENT) if create => {
-                match rustix::fs::mkdirat(current, component.as_slice(), Mode::from_raw_mode(0o700)) {
+                match rustix::fs::mkdirat(current, component.as_slice(), Mode::from_raw_mode(0o700))
+                {
                     Ok(()) | Err(Errno::EXIST) => {}
                     Err(errno) => return Err(fail("creating parent directory", errno)),
                 }
@@ -176,7 +210,8 @@ pub(crate) fn walk_beneath(root: BorrowedFd<'_>, path: &[u8], create: bool, entr
             }
             Err(errno) => return Err(fail("opening parent directory", errno)),
         };
-        let stat = rustix::fs::fstat(&fd).map_err(|errno| fail("inspecting parent directory", errno))?;
+        let stat =
+            rustix::fs::fstat(&fd).map_err(|errno| fail("inspecting parent directory", errno))?;
         match FileType::from_raw_mode(stat.st_mode) {
             FileType::Directory => stack.push(fd),
             FileType::Symlink => {
@@ -243,7 +278,12 @@ mod tests {
         let tree = Tree::open(&root).unwrap();
         let sub = std::fs::metadata(root.join("real/sub")).unwrap();
         use std::os::unix::fs::MetadataExt;
-        for path in [&b"real/sub"[..], b"absolute/sub", b"relative/sub", b"absolute/../real/sub"] {
+        for path in [
+            &b"real/sub"[..],
+            b"absolute/sub",
+            b"relative/sub",
+            b"absolute/../real/sub",
+        ] {
             let fd = walk_beneath(tree.root(), path, false, b"entry").unwrap();
             assert_eq!(inode(&fd), sub.ino(), "{}", lossy(path));
             let fd = tree.lookup_dir(path, b"entry").unwrap();
@@ -256,7 +296,10 @@ mod tests {
         let (_temp, root) = setup();
         let tree = Tree::open(&root).unwrap();
         let error = walk_beneath(tree.root(), b"real/up/x", false, b"the-entry").unwrap_err();
-        assert!(matches!(&error, ExtractError::Escape { entry, .. } if entry == Path::new("the-entry")), "{error}");
+        assert!(
+            matches!(&error, ExtractError::Escape { entry, .. } if entry == Path::new("the-entry")),
+            "{error}"
+        );
     }
 
     #[test]
@@ -264,17 +307,22 @@ mod tests {
         let (_temp, root) = setup();
         let tree = Tree::open(&root).unwrap();
         let error = walk_beneath(tree.root(), b"loop1/x", false, b"entry").unwrap_err();
-        assert!(matches!(&error, ExtractError::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP)), "{error}");
+        assert!(
+            matches!(&error, ExtractError::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP)),
+            "{error}"
+        );
     }
 
     #[test]
     fn walk_creates_missing_directories_behind_absolute_symlinks() {
         let (_temp, root) = setup();
         let mut tree = Tree::open(&root).unwrap();
-        tree.parent_dir(b"absolute/new/deeper", true, b"entry").unwrap();
+        tree.parent_dir(b"absolute/new/deeper", true, b"entry")
+            .unwrap();
         assert!(root.join("real/new/deeper").is_dir());
         // The cache answers the same path again and its children.
-        tree.parent_dir(b"absolute/new/deeper/more", true, b"entry").unwrap();
+        tree.parent_dir(b"absolute/new/deeper/more", true, b"entry")
+            .unwrap();
         assert!(root.join("real/new/deeper/more").is_dir());
     }
 }

@@ -13,14 +13,30 @@ use tar::EntryType;
 fn assert_escapes_in_root_and_staging(layer: &[u8], entry: &str) {
     let sandbox = Sandbox::new();
     assert_escape(extract_layer(layer, &sandbox.root, &plain_options()), entry);
-    assert_escape(extract_layer(layer, &sandbox.staging(1), &plain_options()), entry);
+    assert_escape(
+        extract_layer(layer, &sandbox.staging(1), &plain_options()),
+        entry,
+    );
     sandbox.assert_untouched();
 }
 
 #[test]
 fn names_climbing_above_the_root() {
-    for name in ["../x", "a/../../x", "/../x", "./../sentinel", "..", "a/b/../../../escaped"] {
-        for kind in [EntryType::Regular, EntryType::Directory, EntryType::Symlink, EntryType::Link, EntryType::Fifo] {
+    for name in [
+        "../x",
+        "a/../../x",
+        "/../x",
+        "./../sentinel",
+        "..",
+        "a/b/../../../escaped",
+    ] {
+        for kind in [
+            EntryType::Regular,
+            EntryType::Directory,
+            EntryType::Symlink,
+            EntryType::Link,
+            EntryType::Fifo,
+        ] {
             let mut layer = Layer::new().dir("a", 0o755).dir("a/b", 0o755);
             let link = matches!(kind, EntryType::Symlink | EntryType::Link).then_some(&b"a"[..]);
             layer.entry(kind, name.as_bytes(), link, 0o644, b"", &[]);
@@ -43,7 +59,10 @@ fn long_hostile_names_via_pax_and_gnu() {
 #[test]
 fn absolute_names_land_inside_the_root() {
     let sandbox = Sandbox::new();
-    let layer = Layer::new().file("/etc/x", 0o644, b"inside").file("//usr/./bin/../lib/y", 0o644, b"y").bytes();
+    let layer = Layer::new()
+        .file("/etc/x", 0o644, b"inside")
+        .file("//usr/./bin/../lib/y", 0o644, b"y")
+        .bytes();
     extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
     assert_eq!(fs::read(sandbox.root.join("etc/x")).unwrap(), b"inside");
     assert_eq!(fs::read(sandbox.root.join("usr/lib/y")).unwrap(), b"y");
@@ -52,10 +71,21 @@ fn absolute_names_land_inside_the_root() {
 
 #[test]
 fn relative_symlink_escapes() {
-    for (target, entry) in [("../../..", "link/file"), ("..", "link/sentinel"), ("../outside", "link/secret"), ("a/../..", "link/x")] {
-        let layer = Layer::new().symlink("link", target).file(entry, 0o644, b"pwned").bytes();
+    for (target, entry) in [
+        ("../../..", "link/file"),
+        ("..", "link/sentinel"),
+        ("../outside", "link/secret"),
+        ("a/../..", "link/x"),
+    ] {
+        let layer = Layer::new()
+            .symlink("link", target)
+            .file(entry, 0o644, b"pwned")
+            .bytes();
         assert_escapes_in_root_and_staging(&layer, entry);
-        let layer = Layer::new().symlink("link", target).dir(entry, 0o755).bytes();
+        let layer = Layer::new()
+            .symlink("link", target)
+            .dir(entry, 0o755)
+            .bytes();
         assert_escapes_in_root_and_staging(&layer, entry);
     }
 }
@@ -71,31 +101,62 @@ fn absolute_symlinks_resolve_inside_the_root() {
         .bytes();
     extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
     assert_eq!(fs::read(sandbox.root.join("etc/x")).unwrap(), b"inside");
-    assert_eq!(fs::read(sandbox.root.join("usr/lib/libz.so")).unwrap(), b"z");
-    assert_eq!(fs::read_link(sandbox.root.join("link")).unwrap(), os(b"/"), "targets are kept verbatim");
+    assert_eq!(
+        fs::read(sandbox.root.join("usr/lib/libz.so")).unwrap(),
+        b"z"
+    );
+    assert_eq!(
+        fs::read_link(sandbox.root.join("link")).unwrap(),
+        os(b"/"),
+        "targets are kept verbatim"
+    );
     sandbox.assert_untouched();
     // An absolute target that then climbs above the root is still an escape.
-    let layer = Layer::new().symlink("up", "/..").file("up/x", 0o644, b"x").bytes();
+    let layer = Layer::new()
+        .symlink("up", "/..")
+        .file("up/x", 0o644, b"x")
+        .bytes();
     assert_escapes_in_root_and_staging(&layer, "up/x");
 }
 
 #[test]
 fn chained_symlinks() {
-    let layer = Layer::new().symlink("a", "b").symlink("b", "c/../..").dir("c", 0o755).file("a/x", 0o644, b"x").bytes();
+    let layer = Layer::new()
+        .symlink("a", "b")
+        .symlink("b", "c/../..")
+        .dir("c", 0o755)
+        .file("a/x", 0o644, b"x")
+        .bytes();
     assert_escapes_in_root_and_staging(&layer, "a/x");
-    let layer = Layer::new().symlink("a", "/b").symlink("b", "../../outside").file("a/secret", 0o644, b"x").bytes();
+    let layer = Layer::new()
+        .symlink("a", "/b")
+        .symlink("b", "../../outside")
+        .file("a/secret", 0o644, b"x")
+        .bytes();
     assert_escapes_in_root_and_staging(&layer, "a/secret");
 
     let sandbox = Sandbox::new();
-    let layer = Layer::new().symlink("c", "/d").symlink("d", "/real").dir("real", 0o755).file("c/x", 0o644, b"x").bytes();
+    let layer = Layer::new()
+        .symlink("c", "/d")
+        .symlink("d", "/real")
+        .dir("real", 0o755)
+        .file("c/x", 0o644, b"x")
+        .bytes();
     extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
     assert_eq!(fs::read(sandbox.root.join("real/x")).unwrap(), b"x");
     sandbox.assert_untouched();
 
-    let layer = Layer::new().symlink("loop1", "loop2").symlink("loop2", "loop1").file("loop1/x", 0o644, b"x").bytes();
+    let layer = Layer::new()
+        .symlink("loop1", "loop2")
+        .symlink("loop2", "loop1")
+        .file("loop1/x", 0o644, b"x")
+        .bytes();
     let sandbox = Sandbox::new();
     let error = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap_err();
-    assert!(matches!(&error, ExtractError::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP)), "{error}");
+    assert!(
+        matches!(&error, ExtractError::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP)),
+        "{error}"
+    );
     sandbox.assert_untouched();
 }
 
@@ -109,10 +170,19 @@ fn directory_swapped_for_a_symlink_by_a_later_entry() {
         .file("d/x", 0o644, b"pwned")
         .bytes();
     assert_escapes_in_root_and_staging(&layer, "d/x");
-    let layer = Layer::new().dir("d", 0o755).dir("d/e", 0o755).symlink("d", "/").file("d/e/x", 0o644, b"x").bytes();
+    let layer = Layer::new()
+        .dir("d", 0o755)
+        .dir("d/e", 0o755)
+        .symlink("d", "/")
+        .file("d/e/x", 0o644, b"x")
+        .bytes();
     let sandbox = Sandbox::new();
     extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
-    assert_eq!(fs::read(sandbox.root.join("e/x")).unwrap(), b"x", "resolved through the new symlink, inside the root");
+    assert_eq!(
+        fs::read(sandbox.root.join("e/x")).unwrap(),
+        b"x",
+        "resolved through the new symlink, inside the root"
+    );
     sandbox.assert_untouched();
 }
 
@@ -121,8 +191,13 @@ fn directory_swapped_for_a_symlink_by_a_later_layer() {
     let sandbox = Sandbox::new();
     let base = Layer::new().dir("d", 0o755).dir("e", 0o755).bytes();
     let swap = Layer::new().symlink("d", "../..").symlink("e", "/").bytes();
-    let write = Layer::new().file("d/x", 0o644, b"x").file("e/sentinel", 0o644, b"pwned").bytes();
-    sandbox.apply(&[base, swap, write], &plain_options()).unwrap();
+    let write = Layer::new()
+        .file("d/x", 0o644, b"x")
+        .file("e/sentinel", 0o644, b"pwned")
+        .bytes();
+    sandbox
+        .apply(&[base, swap, write], &plain_options())
+        .unwrap();
     // Overlay semantics: the later layer's directory replaces the symlink.
     assert_eq!(
         snapshot(&sandbox.root),
@@ -139,10 +214,19 @@ fn directory_swapped_for_a_symlink_by_a_later_layer() {
 #[test]
 fn writing_over_a_symlink_replaces_it() {
     let sandbox = Sandbox::new();
-    let layer = Layer::new().symlink("s", "../sentinel").file("s", 0o644, b"mine").symlink("o", "../outside").dir("o", 0o755).bytes();
+    let layer = Layer::new()
+        .symlink("s", "../sentinel")
+        .file("s", 0o644, b"mine")
+        .symlink("o", "../outside")
+        .dir("o", 0o755)
+        .bytes();
     extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
     assert_eq!(fs::read(sandbox.root.join("s")).unwrap(), b"mine");
-    assert!(fs::symlink_metadata(sandbox.root.join("o")).unwrap().is_dir());
+    assert!(
+        fs::symlink_metadata(sandbox.root.join("o"))
+            .unwrap()
+            .is_dir()
+    );
     sandbox.assert_untouched();
 }
 
@@ -153,7 +237,10 @@ fn hardlinks_whose_target_is_outside() {
     let layer = Layer::new().hardlink("h", "../sentinel").bytes();
     assert_escapes_in_root_and_staging(&layer, "h");
     // Through a symlink pointing outside (same layer).
-    let layer = Layer::new().symlink("l", "../..").hardlink("h", "l/sentinel").bytes();
+    let layer = Layer::new()
+        .symlink("l", "../..")
+        .hardlink("h", "l/sentinel")
+        .bytes();
     assert_escapes_in_root_and_staging(&layer, "h");
     // Through a symlink of an earlier layer: the deferred link fails during the merge.
     let sandbox = Sandbox::new();
@@ -163,10 +250,17 @@ fn hardlinks_whose_target_is_outside() {
     sandbox.assert_untouched();
     // Through an absolute symlink: resolved inside the root.
     let sandbox = Sandbox::new();
-    let base = Layer::new().symlink("l", "/").dir("etc", 0o755).file("etc/file", 0o644, b"f").bytes();
+    let base = Layer::new()
+        .symlink("l", "/")
+        .dir("etc", 0o755)
+        .file("etc/file", 0o644, b"f")
+        .bytes();
     let layer = Layer::new().hardlink("h", "l/etc/file").bytes();
     sandbox.apply(&[base, layer], &plain_options()).unwrap();
-    assert_eq!(common::inode(&sandbox.root.join("h")), common::inode(&sandbox.root.join("etc/file")));
+    assert_eq!(
+        common::inode(&sandbox.root.join("h")),
+        common::inode(&sandbox.root.join("etc/file"))
+    );
     sandbox.assert_untouched();
 }
 
@@ -178,21 +272,39 @@ fn whiteouts_aimed_outside() {
     assert_escapes_in_root_and_staging(&layer, "a/../../.wh.outside");
     let layer = Layer::new().whiteout(".wh...").bytes();
     let sandbox = Sandbox::new();
-    assert!(matches!(extract_layer(layer.as_slice(), &sandbox.staging(1), &plain_options()), Err(ExtractError::Invalid { .. })));
+    assert!(matches!(
+        extract_layer(layer.as_slice(), &sandbox.staging(1), &plain_options()),
+        Err(ExtractError::Invalid { .. })
+    ));
 
     // Through a relative symlink of an earlier layer: an escape during the merge.
     let sandbox = Sandbox::new();
     let base = Layer::new().symlink("l", "..").bytes();
     let layer = Layer::new().whiteout("l/.wh.sentinel").bytes();
-    assert_escape(sandbox.apply(&[base, layer], &plain_options()), "l/sentinel");
+    assert_escape(
+        sandbox.apply(&[base, layer], &plain_options()),
+        "l/sentinel",
+    );
     sandbox.assert_untouched();
 
     // Through an absolute symlink: deletes inside the root only.
     let sandbox = Sandbox::new();
-    let base = Layer::new().symlink("l", "/").dir("etc", 0o755).file("etc/f", 0o644, b"f").file("etc/g", 0o644, b"g").bytes();
+    let base = Layer::new()
+        .symlink("l", "/")
+        .dir("etc", 0o755)
+        .file("etc/f", 0o644, b"f")
+        .file("etc/g", 0o644, b"g")
+        .bytes();
     let layer = Layer::new().whiteout("l/etc/.wh.f").bytes();
     sandbox.apply(&[base, layer], &plain_options()).unwrap();
-    assert_eq!(snapshot(&sandbox.root), vec![node("etc", 'd', 0o755, b""), node("etc/g", 'f', 0o644, b"g"), node("l", 'l', 0, b"/")]);
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![
+            node("etc", 'd', 0o755, b""),
+            node("etc/g", 'f', 0o644, b"g"),
+            node("l", 'l', 0, b"/")
+        ]
+    );
     sandbox.assert_untouched();
 
     // An opaque marker behind a symlink to the outside never empties the outside.

@@ -21,7 +21,12 @@ fn files_dirs_symlinks_and_hardlinks() {
         .hardlink("bin/tool-again", "bin/tool")
         .bytes();
     let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
-    finalize_tree(&sandbox.root, std::slice::from_ref(&summary), &plain_options()).unwrap();
+    finalize_tree(
+        &sandbox.root,
+        std::slice::from_ref(&summary),
+        &plain_options(),
+    )
+    .unwrap();
     assert_eq!(
         snapshot(&sandbox.root),
         vec![
@@ -33,8 +38,20 @@ fn files_dirs_symlinks_and_hardlinks() {
             node("etc/localtime", 'l', 0, b"/usr/share/zoneinfo/UTC"),
         ]
     );
-    assert_eq!(inode(&sandbox.root.join("bin/tool")), inode(&sandbox.root.join("bin/tool-again")));
-    assert_eq!((summary.entries, summary.files, summary.dirs, summary.symlinks, summary.hardlinks), (5, 2, 1, 1, 1));
+    assert_eq!(
+        inode(&sandbox.root.join("bin/tool")),
+        inode(&sandbox.root.join("bin/tool-again"))
+    );
+    assert_eq!(
+        (
+            summary.entries,
+            summary.files,
+            summary.dirs,
+            summary.symlinks,
+            summary.hardlinks
+        ),
+        (5, 2, 1, 1, 1)
+    );
     assert_eq!(summary.bytes_written, 30);
     assert!(summary.deferred_hardlinks.is_empty());
     assert_eq!(summary.directories.len(), 1, "only etc/ had its own entry");
@@ -44,7 +61,12 @@ fn files_dirs_symlinks_and_hardlinks() {
 fn empty_layers() {
     let sandbox = Sandbox::new();
     // A tar with only the end-of-archive blocks, and a completely empty stream.
-    let summary = extract_layer(Layer::new().bytes().as_slice(), &sandbox.root, &plain_options()).unwrap();
+    let summary = extract_layer(
+        Layer::new().bytes().as_slice(),
+        &sandbox.root,
+        &plain_options(),
+    )
+    .unwrap();
     assert_eq!(summary.entries, 0);
     let summary = extract_layer(&b""[..], &sandbox.root, &plain_options()).unwrap();
     assert_eq!(summary.entries, 0);
@@ -71,15 +93,29 @@ fn long_names_and_link_names_pax_and_gnu() {
         let layer = layer
             .dir(&long_dir, 0o755)
             .file(&long_file, 0o644, b"long")
-            .symlink(&format!("{long_dir}/symlink-{}", "s".repeat(100)), &long_target)
-            .hardlink(&format!("{long_dir}/hardlink-{}", "h".repeat(100)), &long_file)
+            .symlink(
+                &format!("{long_dir}/symlink-{}", "s".repeat(100)),
+                &long_target,
+            )
+            .hardlink(
+                &format!("{long_dir}/hardlink-{}", "h".repeat(100)),
+                &long_file,
+            )
             .bytes();
         let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
         assert_eq!(summary.entries, 4, "{style:?}");
         let root = &sandbox.root;
-        assert_eq!(fs::read(root.join(&long_file)).unwrap(), b"long", "{style:?}");
+        assert_eq!(
+            fs::read(root.join(&long_file)).unwrap(),
+            b"long",
+            "{style:?}"
+        );
         let symlink = root.join(format!("{long_dir}/symlink-{}", "s".repeat(100)));
-        assert_eq!(fs::read_link(symlink).unwrap().to_str().unwrap(), long_target, "{style:?}");
+        assert_eq!(
+            fs::read_link(symlink).unwrap().to_str().unwrap(),
+            long_target,
+            "{style:?}"
+        );
         let hardlink = root.join(format!("{long_dir}/hardlink-{}", "h".repeat(100)));
         assert_eq!(inode(&hardlink), inode(&root.join(&long_file)), "{style:?}");
     }
@@ -90,16 +126,52 @@ fn non_utf8_names_end_to_end() {
     let sandbox = Sandbox::new();
     let mut layer = Layer::new();
     layer.entry(EntryType::Directory, b"caf\xe9", None, 0o755, b"", &[]);
-    layer.entry(EntryType::Regular, b"caf\xe9/\xff\xfe.txt", None, 0o644, b"latin-1", &[]);
-    layer.entry(EntryType::Symlink, b"caf\xe9/link", Some(b"\xff\xfe.txt"), 0o777, b"", &[]);
-    layer.entry(EntryType::Link, b"hard\x80", Some(b"caf\xe9/\xff\xfe.txt"), 0o644, b"", &[]);
+    layer.entry(
+        EntryType::Regular,
+        b"caf\xe9/\xff\xfe.txt",
+        None,
+        0o644,
+        b"latin-1",
+        &[],
+    );
+    layer.entry(
+        EntryType::Symlink,
+        b"caf\xe9/link",
+        Some(b"\xff\xfe.txt"),
+        0o777,
+        b"",
+        &[],
+    );
+    layer.entry(
+        EntryType::Link,
+        b"hard\x80",
+        Some(b"caf\xe9/\xff\xfe.txt"),
+        0o644,
+        b"",
+        &[],
+    );
     let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &plain_options()).unwrap();
     assert_eq!(summary.directories[0].path, os(b"caf\xe9"));
     let root = &sandbox.root;
-    assert_eq!(fs::read(root.join(os(b"caf\xe9/\xff\xfe.txt"))).unwrap(), b"latin-1");
-    assert_eq!(fs::read_link(root.join(os(b"caf\xe9/link"))).unwrap().as_os_str().as_bytes(), b"\xff\xfe.txt");
-    assert_eq!(fs::read(root.join(os(b"caf\xe9/link"))).unwrap(), b"latin-1");
-    assert_eq!(inode(&root.join(os(b"hard\x80"))), inode(&root.join(os(b"caf\xe9/\xff\xfe.txt"))));
+    assert_eq!(
+        fs::read(root.join(os(b"caf\xe9/\xff\xfe.txt"))).unwrap(),
+        b"latin-1"
+    );
+    assert_eq!(
+        fs::read_link(root.join(os(b"caf\xe9/link")))
+            .unwrap()
+            .as_os_str()
+            .as_bytes(),
+        b"\xff\xfe.txt"
+    );
+    assert_eq!(
+        fs::read(root.join(os(b"caf\xe9/link"))).unwrap(),
+        b"latin-1"
+    );
+    assert_eq!(
+        inode(&root.join(os(b"hard\x80"))),
+        inode(&root.join(os(b"caf\xe9/\xff\xfe.txt")))
+    );
 }
 
 #[test]
@@ -115,8 +187,18 @@ fn permission_bits_including_setuid_setgid_sticky() {
         .bytes();
     let summary = extract_layer(layer.as_slice(), &sandbox.root, &options).unwrap();
     finalize_tree(&sandbox.root, &[summary], &options).unwrap();
-    let mode = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap().permissions().mode() & 0o7777;
-    assert_eq!(mode("setuid"), 0o4755, "chown (when root) must come before chmod: chown clears setuid");
+    let mode = |name: &str| {
+        fs::symlink_metadata(sandbox.root.join(name))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(
+        mode("setuid"),
+        0o4755,
+        "chown (when root) must come before chmod: chown clears setuid"
+    );
     assert_eq!(mode("setgid"), 0o2755);
     assert_eq!(mode("private"), 0o600);
     assert_eq!(mode("readonly"), 0o444);
@@ -129,27 +211,59 @@ fn mtimes_of_files_symlinks_and_directories() {
     let mut layer = Layer::new();
     layer.entry(EntryType::Directory, b"dir", None, 0o755, b"", &[]);
     layer.entry(EntryType::Regular, b"dir/file", None, 0o644, b"data", &[]);
-    layer.entry(EntryType::Symlink, b"dir/link", Some(b"file"), 0o777, b"", &[("mtime", b"1234567890.25")]);
+    layer.entry(
+        EntryType::Symlink,
+        b"dir/link",
+        Some(b"file"),
+        0o777,
+        b"",
+        &[("mtime", b"1234567890.25")],
+    );
     let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &plain_options()).unwrap();
     finalize_tree(&sandbox.root, &[summary], &plain_options()).unwrap();
     let metadata = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap();
     assert_eq!(metadata("dir/file").mtime(), MTIME as i64);
-    assert_eq!(metadata("dir/link").mtime(), 1_234_567_890, "symlink mtime via utimensat(AT_SYMLINK_NOFOLLOW)");
+    assert_eq!(
+        metadata("dir/link").mtime(),
+        1_234_567_890,
+        "symlink mtime via utimensat(AT_SYMLINK_NOFOLLOW)"
+    );
     assert_eq!(metadata("dir/link").mtime_nsec(), 250_000_000);
-    assert_eq!(metadata("dir").mtime(), MTIME as i64, "directory mtime applied after its children");
+    assert_eq!(
+        metadata("dir").mtime(),
+        MTIME as i64,
+        "directory mtime applied after its children"
+    );
 }
 
 #[test]
 fn read_only_directories_still_receive_children() {
     let sandbox = Sandbox::new();
-    let layer = Layer::new().dir("ro", 0o555).dir("ro/sub", 0o500).file("ro/sub/file", 0o400, b"x").bytes();
+    let layer = Layer::new()
+        .dir("ro", 0o555)
+        .dir("ro/sub", 0o500)
+        .file("ro/sub/file", 0o400, b"x")
+        .bytes();
     let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
-    let mode = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap().permissions().mode() & 0o7777;
+    let mode = |name: &str| {
+        fs::symlink_metadata(sandbox.root.join(name))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
     assert_eq!(mode("ro") & 0o700, 0o700, "writable while extracting");
     finalize_tree(&sandbox.root, &[summary], &plain_options()).unwrap();
-    assert_eq!((mode("ro"), mode("ro/sub"), mode("ro/sub/file")), (0o555, 0o500, 0o400));
+    assert_eq!(
+        (mode("ro"), mode("ro/sub"), mode("ro/sub/file")),
+        (0o555, 0o500, 0o400)
+    );
     // Let the temp dir clean up.
-    fs::set_permissions(sandbox.root.join("ro/sub"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(
+        sandbox.root.join("ro/sub"),
+        fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
     fs::set_permissions(sandbox.root.join("ro"), fs::Permissions::from_mode(0o700)).unwrap();
 }
 
@@ -160,21 +274,42 @@ fn owners_when_chown() {
         return;
     }
     let sandbox = Sandbox::new();
-    let options = ExtractOptions { chown: true, ..ExtractOptions::for_current_user() };
+    let options = ExtractOptions {
+        chown: true,
+        ..ExtractOptions::for_current_user()
+    };
     let mut layer = Layer::new();
     let mut entry = |kind, name: &[u8], link: Option<&[u8]>, mode| {
-        layer.entry(kind, name, link, mode, b"", &[("uid", b"1234"), ("gid", b"5678")]);
+        layer.entry(
+            kind,
+            name,
+            link,
+            mode,
+            b"",
+            &[("uid", b"1234"), ("gid", b"5678")],
+        );
     };
     entry(EntryType::Directory, b"dir", None, 0o2775);
     entry(EntryType::Regular, b"dir/suid", None, 0o4755);
-    entry(EntryType::Symlink, b"dir/link", Some(b"/nonexistent"), 0o777);
+    entry(
+        EntryType::Symlink,
+        b"dir/link",
+        Some(b"/nonexistent"),
+        0o777,
+    );
     let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &options).unwrap();
     finalize_tree(&sandbox.root, &[summary], &options).unwrap();
     for name in ["dir", "dir/suid", "dir/link"] {
         let metadata = fs::symlink_metadata(sandbox.root.join(name)).unwrap();
         assert_eq!((metadata.uid(), metadata.gid()), (1234, 5678), "{name}");
     }
-    let mode = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap().permissions().mode() & 0o7777;
+    let mode = |name: &str| {
+        fs::symlink_metadata(sandbox.root.join(name))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
     assert_eq!(mode("dir/suid"), 0o4755, "setuid survives chown");
     assert_eq!(mode("dir"), 0o2775);
 }
@@ -183,12 +318,35 @@ fn owners_when_chown() {
 fn xattrs_from_pax_records() {
     let sandbox = Sandbox::new();
     // A v2 file capability: cap_net_raw (bit 13) permitted + effective.
-    let capability: &[u8] = &[0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let capability: &[u8] = &[
+        0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
     let mut layer = Layer::new();
-    layer.entry(EntryType::Directory, b"dir", None, 0o755, b"", &[("SCHILY.xattr.user.dir", b"on a dir")]);
-    layer.entry(EntryType::Regular, b"dir/file", None, 0o644, b"x", &[("SCHILY.xattr.user.comment", b"hello\0bytes")]);
+    layer.entry(
+        EntryType::Directory,
+        b"dir",
+        None,
+        0o755,
+        b"",
+        &[("SCHILY.xattr.user.dir", b"on a dir")],
+    );
+    layer.entry(
+        EntryType::Regular,
+        b"dir/file",
+        None,
+        0o644,
+        b"x",
+        &[("SCHILY.xattr.user.comment", b"hello\0bytes")],
+    );
     if is_root() {
-        layer.entry(EntryType::Regular, b"dir/ping", None, 0o755, b"x", &[("SCHILY.xattr.security.capability", capability)]);
+        layer.entry(
+            EntryType::Regular,
+            b"dir/ping",
+            None,
+            0o755,
+            b"x",
+            &[("SCHILY.xattr.security.capability", capability)],
+        );
     }
     let options = ExtractOptions::for_current_user();
     let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &options).unwrap();
@@ -236,7 +394,10 @@ fn special_files_created_or_skipped() {
     };
     let sandbox = Sandbox::new();
     let summary = extract_layer(build().as_slice(), &sandbox.root, &plain_options()).unwrap();
-    assert_eq!((summary.skipped_special_files, summary.special_files), (2, 0));
+    assert_eq!(
+        (summary.skipped_special_files, summary.special_files),
+        (2, 0)
+    );
     assert!(snapshot(&sandbox.root).is_empty());
 
     if !is_root() {
@@ -244,9 +405,15 @@ fn special_files_created_or_skipped() {
         return;
     }
     let sandbox = Sandbox::new();
-    let options = ExtractOptions { special_files: true, ..ExtractOptions::for_current_user() };
+    let options = ExtractOptions {
+        special_files: true,
+        ..ExtractOptions::for_current_user()
+    };
     let summary = extract_layer(build().as_slice(), &sandbox.root, &options).unwrap();
-    assert_eq!((summary.skipped_special_files, summary.special_files), (0, 2));
+    assert_eq!(
+        (summary.skipped_special_files, summary.special_files),
+        (0, 2)
+    );
     let fifo = fs::symlink_metadata(sandbox.root.join("fifo")).unwrap();
     assert!(fifo.file_type().is_fifo());
     assert_eq!(fifo.permissions().mode() & 0o7777, 0o640);
@@ -316,29 +483,48 @@ fn whiteouts_and_opaque_markers_are_recorded_not_created() {
     let staging = sandbox.staging(1);
     let summary = extract_layer(layer.as_slice(), &staging, &plain_options()).unwrap();
     assert_eq!(summary.whiteouts, [os(b"etc/passwd"), os(b"top")]);
-    assert_eq!(summary.opaque_dirs, [os(b"var"), os(b"opaque-without-entry")]);
-    assert_eq!(snapshot(&staging), vec![node("opaque-without-entry", 'd', 0o755, b""), node("var", 'd', 0o700, b"")]);
+    assert_eq!(
+        summary.opaque_dirs,
+        [os(b"var"), os(b"opaque-without-entry")]
+    );
+    assert_eq!(
+        snapshot(&staging),
+        vec![
+            node("opaque-without-entry", 'd', 0o755, b""),
+            node("var", 'd', 0o700, b"")
+        ]
+    );
 }
 
 #[test]
 fn hardlink_to_a_file_of_an_earlier_layer_is_deferred() {
     let sandbox = Sandbox::new();
     let staging = sandbox.staging(1);
-    let layer = Layer::new().hardlink("bin/link", "/usr/bin/tool").file("bin/own", 0o644, b"x").hardlink("bin/own-link", "bin/own").bytes();
+    let layer = Layer::new()
+        .hardlink("bin/link", "/usr/bin/tool")
+        .file("bin/own", 0o644, b"x")
+        .hardlink("bin/own-link", "bin/own")
+        .bytes();
     let summary = extract_layer(layer.as_slice(), &staging, &plain_options()).unwrap();
     assert_eq!(summary.deferred_hardlinks.len(), 1);
     assert_eq!(summary.deferred_hardlinks[0].link, os(b"bin/link"));
     assert_eq!(summary.deferred_hardlinks[0].target, os(b"usr/bin/tool"));
     assert_eq!(summary.hardlinks, 2);
     assert!(!staging.join("bin/link").exists());
-    assert_eq!(inode(&staging.join("bin/own")), inode(&staging.join("bin/own-link")));
+    assert_eq!(
+        inode(&staging.join("bin/own")),
+        inode(&staging.join("bin/own-link"))
+    );
 }
 
 #[test]
 fn a_later_entry_cancels_a_deferred_hardlink() {
     let sandbox = Sandbox::new();
     let staging = sandbox.staging(1);
-    let layer = Layer::new().hardlink("x", "lower").file("x", 0o644, b"mine").bytes();
+    let layer = Layer::new()
+        .hardlink("x", "lower")
+        .file("x", 0o644, b"mine")
+        .bytes();
     let summary = extract_layer(layer.as_slice(), &staging, &plain_options()).unwrap();
     assert!(summary.deferred_hardlinks.is_empty());
     assert_eq!(fs::read(staging.join("x")).unwrap(), b"mine");
@@ -347,11 +533,24 @@ fn a_later_entry_cancels_a_deferred_hardlink() {
 #[test]
 fn root_directory_entry_metadata() {
     let sandbox = Sandbox::new();
-    let layer = Layer::new().dir("./", 0o751).file("./a", 0o644, b"a").bytes();
+    let layer = Layer::new()
+        .dir("./", 0o751)
+        .file("./a", 0o644, b"a")
+        .bytes();
     let summary = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap();
     assert_eq!(summary.directories[0].path, os(b""));
     finalize_tree(&sandbox.root, &[summary], &plain_options()).unwrap();
-    assert_eq!(fs::metadata(&sandbox.root).unwrap().permissions().mode() & 0o7777, 0o751);
-    let error = extract_layer(Layer::new().file("./", 0o644, b"").bytes().as_slice(), &sandbox.root, &plain_options());
-    assert!(matches!(error, Err(rpull_extract::ExtractError::Invalid { .. })), "{error:?}");
+    assert_eq!(
+        fs::metadata(&sandbox.root).unwrap().permissions().mode() & 0o7777,
+        0o751
+    );
+    let error = extract_layer(
+        Layer::new().file("./", 0o644, b"").bytes().as_slice(),
+        &sandbox.root,
+        &plain_options(),
+    );
+    assert!(
+        matches!(error, Err(rpull_extract::ExtractError::Invalid { .. })),
+        "{error:?}"
+    );
 }

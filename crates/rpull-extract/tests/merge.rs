@@ -82,8 +82,16 @@ fn three_layers_on_a_base_give_the_exact_tree() {
         ]
     );
     let root = &sandbox.root;
-    assert_eq!(inode(&root.join("etc/passwd")), inode(&root.join("etc/passwd-")), "cross-layer hardlink");
-    assert_eq!(fs::metadata(root.join("usr/bin/tool")).unwrap().nlink(), 1, "the whited-out alias is gone");
+    assert_eq!(
+        inode(&root.join("etc/passwd")),
+        inode(&root.join("etc/passwd-")),
+        "cross-layer hardlink"
+    );
+    assert_eq!(
+        fs::metadata(root.join("usr/bin/tool")).unwrap().nlink(),
+        1,
+        "the whited-out alias is gone"
+    );
     sandbox.assert_untouched();
 }
 
@@ -108,8 +116,15 @@ fn staged_hardlinks_keep_their_identity_through_rename() {
 #[test]
 fn opaque_root_directory_hides_everything_below() {
     let sandbox = Sandbox::new();
-    let base = Layer::new().file("a", 0o644, b"a").dir("d", 0o755).file("d/b", 0o644, b"b").bytes();
-    let layer = Layer::new().whiteout(".wh..wh..opq").file("c", 0o644, b"c").bytes();
+    let base = Layer::new()
+        .file("a", 0o644, b"a")
+        .dir("d", 0o755)
+        .file("d/b", 0o644, b"b")
+        .bytes();
+    let layer = Layer::new()
+        .whiteout(".wh..wh..opq")
+        .file("c", 0o644, b"c")
+        .bytes();
     sandbox.apply(&[base, layer], &plain_options()).unwrap();
     assert_eq!(snapshot(&sandbox.root), vec![node("c", 'f', 0o644, b"c")]);
 }
@@ -118,7 +133,11 @@ fn opaque_root_directory_hides_everything_below() {
 fn whiteout_of_something_absent_is_ignored() {
     let sandbox = Sandbox::new();
     let base = Layer::new().file("a", 0o644, b"a").bytes();
-    let layer = Layer::new().whiteout(".wh.missing").whiteout("no/such/dir/.wh.x").whiteout("a/.wh.not-a-dir").bytes();
+    let layer = Layer::new()
+        .whiteout(".wh.missing")
+        .whiteout("no/such/dir/.wh.x")
+        .whiteout("a/.wh.not-a-dir")
+        .bytes();
     sandbox.apply(&[base, layer], &plain_options()).unwrap();
     assert_eq!(snapshot(&sandbox.root), vec![node("a", 'f', 0o644, b"a")]);
 }
@@ -126,17 +145,37 @@ fn whiteout_of_something_absent_is_ignored() {
 #[test]
 fn a_whiteout_and_an_entry_for_the_same_path_in_one_layer_keep_the_entry() {
     let sandbox = Sandbox::new();
-    let base = Layer::new().dir("d", 0o755).file("d/old", 0o644, b"old").bytes();
-    let layer = Layer::new().whiteout(".wh.d").dir("d", 0o755).file("d/new", 0o644, b"new").bytes();
+    let base = Layer::new()
+        .dir("d", 0o755)
+        .file("d/old", 0o644, b"old")
+        .bytes();
+    let layer = Layer::new()
+        .whiteout(".wh.d")
+        .dir("d", 0o755)
+        .file("d/new", 0o644, b"new")
+        .bytes();
     sandbox.apply(&[base, layer], &plain_options()).unwrap();
-    assert_eq!(snapshot(&sandbox.root), vec![node("d", 'd', 0o755, b""), node("d/new", 'f', 0o644, b"new")]);
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![
+            node("d", 'd', 0o755, b""),
+            node("d/new", 'f', 0o644, b"new")
+        ]
+    );
 }
 
 #[test]
 fn deferred_hardlink_replaces_what_the_root_has() {
     let sandbox = Sandbox::new();
-    let base = Layer::new().file("target", 0o644, b"t").file("link", 0o644, b"old").dir("dirlink", 0o755).bytes();
-    let layer = Layer::new().hardlink("link", "target").hardlink("dirlink", "target").bytes();
+    let base = Layer::new()
+        .file("target", 0o644, b"t")
+        .file("link", 0o644, b"old")
+        .dir("dirlink", 0o755)
+        .bytes();
+    let layer = Layer::new()
+        .hardlink("link", "target")
+        .hardlink("dirlink", "target")
+        .bytes();
     sandbox.apply(&[base, layer], &plain_options()).unwrap();
     let root = &sandbox.root;
     assert_eq!(inode(&root.join("link")), inode(&root.join("target")));

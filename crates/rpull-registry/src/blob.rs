@@ -161,7 +161,7 @@ async fn next_chunk(mut state: StreamState) -> Option<(Result<Bytes, Error>, Str
             Some(Err(source)) => {
                 let error = Error::Transport {
                     url: state.url.clone(),
-                    source: source.without_url(),
+                    error: source.without_url(),
                 };
                 if state.handed_out || state.retries_left == 0 || !error.is_retryable() {
                     state.done = true;

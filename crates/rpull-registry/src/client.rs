@@ -109,6 +109,11 @@ impl ClientBuilder {
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(self.read_timeout)
             .tls_danger_accept_invalid_certs(self.insecure);
+        if no_proxy_is_wildcard() {
+            // curl and Go treat NO_PROXY=* as "never proxy"; hyper-util's matcher honours `*`
+            // for host names only, not for IP addresses such as 127.0.0.1.
+            http = http.no_proxy();
+        }
         for path in &self.ca_certs {
             let pem = std::fs::read(path).map_err(|e| Error::CaCert {
                 path: path.clone(),
@@ -371,6 +376,15 @@ pub(crate) async fn status_error(
             body,
         },
     }
+}
+
+/// Whether `NO_PROXY` (or `no_proxy`) is `*`.
+fn no_proxy_is_wildcard() -> bool {
+    ["NO_PROXY", "no_proxy"]
+        .iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .find(|value| !value.is_empty())
+        .is_some_and(|value| value.trim() == "*")
 }
 
 #[cfg(test)]

@@ -45,24 +45,23 @@ pub enum Error {
     /// TLS failed: certificate not trusted, wrong host name, handshake refused...
     #[error(
         "TLS error talking to {host}: {} (for a private CA pass --ca-cert; --insecure skips verification)",
-        root_cause(source)
+        root_cause(error)
     )]
     Tls {
         /// Host and port.
         host: String,
-        /// The underlying error (URL stripped).
-        #[source]
-        source: reqwest::Error,
+        /// The underlying error (URL stripped). Not the error's `source()`: the message already
+        /// ends with its root cause, and a printed cause chain would repeat it.
+        error: reqwest::Error,
     },
 
     /// Connection, timeout or body transfer failure.
-    #[error("request to {url} failed: {}", root_cause(source))]
+    #[error("request to {url} failed: {}", root_cause(error))]
     Transport {
         /// URL without its query string.
         url: String,
-        /// The underlying error (URL stripped).
-        #[source]
-        source: reqwest::Error,
+        /// The underlying error (URL stripped); not the `source()`, as for `Tls`.
+        error: reqwest::Error,
     },
 
     /// An unexpected HTTP status.
@@ -200,11 +199,8 @@ impl Error {
     /// HTTP 5xx and 429. Nothing else (not TLS, not 4xx, not digest mismatches).
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Transport { source, .. } => {
-                source.is_connect()
-                    || source.is_timeout()
-                    || source.is_body()
-                    || source.is_request()
+            Error::Transport { error, .. } => {
+                error.is_connect() || error.is_timeout() || error.is_body() || error.is_request()
             }
             Error::Http { status, .. } => *status == 429 || (500..600).contains(status),
             Error::Token {

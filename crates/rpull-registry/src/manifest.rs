@@ -252,7 +252,7 @@ async fn read_limited(
             Err(source) => {
                 return Err(Error::Transport {
                     url,
-                    source: source.without_url(),
+                    error: source.without_url(),
                 });
             }
         }

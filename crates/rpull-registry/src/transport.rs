@@ -225,12 +225,12 @@ pub(crate) fn classify(error: reqwest::Error, url: &Url, host: &str) -> Error {
     if rustls_error(&error).is_some() {
         Error::Tls {
             host: host.to_owned(),
-            source: error.without_url(),
+            error: error.without_url(),
         }
     } else {
         Error::Transport {
             url: display_url(url),
-            source: error.without_url(),
+            error: error.without_url(),
         }
     }
 }

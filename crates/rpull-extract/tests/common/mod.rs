@@ -8,7 +8,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use rpull_extract::{ExtractError, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer};
+use rpull_extract::{
+    ExtractError, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
+};
 use tar::{EntryType, Header};
 
 pub const MTIME: u64 = 1_600_000_000;
@@ -34,7 +36,10 @@ impl Default for Layer {
 
 impl Layer {
     pub fn new() -> Self {
-        Self { builder: tar::Builder::new(Vec::new()), long_names: LongNames::Pax }
+        Self {
+            builder: tar::Builder::new(Vec::new()),
+            long_names: LongNames::Pax,
+        }
     }
 
     pub fn dir(mut self, name: &str, mode: u32) -> Self {
@@ -43,17 +48,38 @@ impl Layer {
     }
 
     pub fn file(mut self, name: &str, mode: u32, content: &[u8]) -> Self {
-        self.entry(EntryType::Regular, name.as_bytes(), None, mode, content, &[]);
+        self.entry(
+            EntryType::Regular,
+            name.as_bytes(),
+            None,
+            mode,
+            content,
+            &[],
+        );
         self
     }
 
     pub fn symlink(mut self, name: &str, target: &str) -> Self {
-        self.entry(EntryType::Symlink, name.as_bytes(), Some(target.as_bytes()), 0o777, b"", &[]);
+        self.entry(
+            EntryType::Symlink,
+            name.as_bytes(),
+            Some(target.as_bytes()),
+            0o777,
+            b"",
+            &[],
+        );
         self
     }
 
     pub fn hardlink(mut self, name: &str, target: &str) -> Self {
-        self.entry(EntryType::Link, name.as_bytes(), Some(target.as_bytes()), 0o644, b"", &[]);
+        self.entry(
+            EntryType::Link,
+            name.as_bytes(),
+            Some(target.as_bytes()),
+            0o644,
+            b"",
+            &[],
+        );
         self
     }
 
@@ -63,7 +89,15 @@ impl Layer {
 
     /// Appends one entry; names and link names longer than 100 bytes go through pax records or GNU
     /// long-name entries (see `long_names`); `pax` adds raw pax records.
-    pub fn entry(&mut self, kind: EntryType, name: &[u8], link: Option<&[u8]>, mode: u32, data: &[u8], pax: &[(&str, &[u8])]) {
+    pub fn entry(
+        &mut self,
+        kind: EntryType,
+        name: &[u8],
+        link: Option<&[u8]>,
+        mode: u32,
+        data: &[u8],
+        pax: &[(&str, &[u8])],
+    ) {
         let mut records: Vec<(&str, &[u8])> = pax.to_vec();
         let long_name = name.len() > 100;
         let long_link = link.is_some_and(|link| link.len() > 100);
@@ -149,42 +183,75 @@ impl Sandbox {
 
     /// Nothing next to the root was created, changed or deleted.
     pub fn assert_untouched(&self) {
-        let mut names: Vec<_> = fs::read_dir(self.temp.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        let mut names: Vec<_> = fs::read_dir(self.temp.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
         names.sort();
-        assert_eq!(names, ["outside", "root", "sentinel", "staging"], "entries next to the root changed");
-        assert_eq!(fs::read(self.temp.path().join("sentinel")).unwrap(), SENTINEL);
-        let outside: Vec<_> = fs::read_dir(self.temp.path().join("outside")).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        assert_eq!(
+            names,
+            ["outside", "root", "sentinel", "staging"],
+            "entries next to the root changed"
+        );
+        assert_eq!(
+            fs::read(self.temp.path().join("sentinel")).unwrap(),
+            SENTINEL
+        );
+        let outside: Vec<_> = fs::read_dir(self.temp.path().join("outside"))
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
         assert_eq!(outside, ["secret"]);
-        assert_eq!(fs::read(self.temp.path().join("outside/secret")).unwrap(), SENTINEL);
+        assert_eq!(
+            fs::read(self.temp.path().join("outside/secret")).unwrap(),
+            SENTINEL
+        );
         let parent_of_temp: Vec<_> = fs::read_dir(self.temp.path().parent().unwrap())
             .unwrap()
             .filter_map(|entry| entry.ok())
             .filter(|entry| entry.file_name() == "x" || entry.file_name() == "escaped")
             .collect();
-        assert!(parent_of_temp.is_empty(), "something was created above the sandbox");
+        assert!(
+            parent_of_temp.is_empty(),
+            "something was created above the sandbox"
+        );
     }
 
     /// Layer 0 into the root, the others into their own staging directories concurrently (as the
     /// pipeline does), then merged in order and finalized.
-    pub fn apply(&self, layers: &[Vec<u8>], options: &ExtractOptions) -> Result<Vec<LayerSummary>, ExtractError> {
+    pub fn apply(
+        &self,
+        layers: &[Vec<u8>],
+        options: &ExtractOptions,
+    ) -> Result<Vec<LayerSummary>, ExtractError> {
         let staging: Vec<PathBuf> = (1..layers.len()).map(|layer| self.staging(layer)).collect();
         let results: Vec<Result<LayerSummary, ExtractError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = layers
                 .iter()
                 .enumerate()
                 .map(|(index, layer)| {
-                    let target = if index == 0 { self.root.clone() } else { staging[index - 1].clone() };
+                    let target = if index == 0 {
+                        self.root.clone()
+                    } else {
+                        staging[index - 1].clone()
+                    };
                     scope.spawn(move || extract_layer(layer.as_slice(), &target, options))
                 })
                 .collect();
-            handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+            handles
+                .into_iter()
+                .map(|handle| handle.join().unwrap())
+                .collect()
         });
         let mut summaries = Vec::new();
         for (index, result) in results.into_iter().enumerate() {
             let summary = result?;
             if index > 0 {
                 merge_layer(&self.root, &staging[index - 1], &summary, options)?;
-                assert!(!staging[index - 1].exists(), "merge_layer must remove the staging directory");
+                assert!(
+                    !staging[index - 1].exists(),
+                    "merge_layer must remove the staging directory"
+                );
             }
             summaries.push(summary);
         }
@@ -204,7 +271,12 @@ pub struct Node {
 }
 
 pub fn node(path: &str, kind: char, mode: u32, data: &[u8]) -> Node {
-    Node { path: path.to_owned(), kind, mode, data: data.to_vec() }
+    Node {
+        path: path.to_owned(),
+        kind,
+        mode,
+        data: data.to_vec(),
+    }
 }
 
 /// Every entry below `root`, sorted by path (lossy paths; byte-exact checks are done separately).
@@ -220,21 +292,50 @@ fn walk(root: &Path, dir: &Path, nodes: &mut Vec<Node>) {
         let entry = entry.unwrap();
         let path = entry.path();
         let metadata = fs::symlink_metadata(&path).unwrap();
-        let relative = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        let relative = path
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         let mode = metadata.permissions().mode() & 0o7777;
         let file_type = metadata.file_type();
         if file_type.is_dir() {
-            nodes.push(Node { path: relative, kind: 'd', mode, data: Vec::new() });
+            nodes.push(Node {
+                path: relative,
+                kind: 'd',
+                mode,
+                data: Vec::new(),
+            });
             walk(root, &path, nodes);
         } else if file_type.is_symlink() {
             let target = fs::read_link(&path).unwrap();
-            nodes.push(Node { path: relative, kind: 'l', mode: 0, data: target.as_os_str().as_bytes().to_vec() });
+            nodes.push(Node {
+                path: relative,
+                kind: 'l',
+                mode: 0,
+                data: target.as_os_str().as_bytes().to_vec(),
+            });
         } else if file_type.is_file() {
-            nodes.push(Node { path: relative, kind: 'f', mode, data: fs::read(&path).unwrap() });
+            nodes.push(Node {
+                path: relative,
+                kind: 'f',
+                mode,
+                data: fs::read(&path).unwrap(),
+            });
         } else if file_type.is_fifo() {
-            nodes.push(Node { path: relative, kind: 'p', mode, data: Vec::new() });
+            nodes.push(Node {
+                path: relative,
+                kind: 'p',
+                mode,
+                data: Vec::new(),
+            });
         } else {
-            nodes.push(Node { path: relative, kind: 'c', mode, data: metadata.rdev().to_le_bytes().to_vec() });
+            nodes.push(Node {
+                path: relative,
+                kind: 'c',
+                mode,
+                data: metadata.rdev().to_le_bytes().to_vec(),
+            });
         }
     }
 }
@@ -253,13 +354,21 @@ pub fn os(bytes: &[u8]) -> &Path {
 
 /// Options for tests that must behave the same as root and as a normal user.
 pub fn plain_options() -> ExtractOptions {
-    ExtractOptions { chown: false, special_files: false, ..ExtractOptions::for_current_user() }
+    ExtractOptions {
+        chown: false,
+        special_files: false,
+        ..ExtractOptions::for_current_user()
+    }
 }
 
 pub fn assert_escape(result: Result<impl std::fmt::Debug, ExtractError>, expected_entry: &str) {
     match result {
         Err(ExtractError::Escape { entry, detail }) => {
-            assert_eq!(entry, Path::new(expected_entry), "escape names the wrong entry ({detail})");
+            assert_eq!(
+                entry,
+                Path::new(expected_entry),
+                "escape names the wrong entry ({detail})"
+            );
         }
         other => panic!("expected an Escape error for {expected_entry}, got {other:?}"),
     }
