@@ -12,7 +12,10 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     logging::init(cli.verbose);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("rpull: error: starting the async runtime: {e}");

@@ -19,8 +19,13 @@ pub struct Progress {
 enum Inner {
     Quiet,
     Json,
-    Lines { layers: Mutex<usize> },
-    Bars { multi: MultiProgress, bars: Mutex<Vec<ProgressBar>> },
+    Lines {
+        layers: Mutex<usize>,
+    },
+    Bars {
+        multi: MultiProgress,
+        bars: Mutex<Vec<ProgressBar>>,
+    },
 }
 
 impl Progress {
@@ -30,11 +35,18 @@ impl Progress {
         } else if output.json {
             Inner::Json
         } else if std::io::stderr().is_terminal() {
-            Inner::Bars { multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()), bars: Mutex::new(Vec::new()) }
+            Inner::Bars {
+                multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()),
+                bars: Mutex::new(Vec::new()),
+            }
         } else {
-            Inner::Lines { layers: Mutex::new(0) }
+            Inner::Lines {
+                layers: Mutex::new(0),
+            }
         };
-        Progress { inner: Arc::new(inner) }
+        Progress {
+            inner: Arc::new(inner),
+        }
     }
 
     pub fn event(&self, event: &PullEvent) {
@@ -108,7 +120,12 @@ fn state_name(state: LayerState) -> &'static str {
 
 fn lines(event: &PullEvent, layers: &Mutex<usize>) {
     match event {
-        PullEvent::Resolved { reference, manifest_digest, platform, layers: list } => {
+        PullEvent::Resolved {
+            reference,
+            manifest_digest,
+            platform,
+            layers: list,
+        } => {
             *layers.lock().unwrap_or_else(|p| p.into_inner()) = list.len();
             let total: u64 = list.iter().map(|(_, size)| size).sum();
             eprintln!(
@@ -117,9 +134,18 @@ fn lines(event: &PullEvent, layers: &Mutex<usize>) {
                 total as f64 / 1e6
             );
         }
-        PullEvent::LayerState { index, digest, state } if *state != LayerState::Waiting => {
+        PullEvent::LayerState {
+            index,
+            digest,
+            state,
+        } if *state != LayerState::Waiting => {
             let count = *layers.lock().unwrap_or_else(|p| p.into_inner());
-            eprintln!("layer {}/{count} {}: {}", index + 1, short(digest), state_name(*state));
+            eprintln!(
+                "layer {}/{count} {}: {}",
+                index + 1,
+                short(digest),
+                state_name(*state)
+            );
         }
         PullEvent::Committed { path } => eprintln!("committed {path}"),
         _ => {}
@@ -138,13 +164,20 @@ fn bars(event: &PullEvent, multi: &MultiProgress, bars: &Mutex<Vec<ProgressBar>>
             for (index, (digest, size)) in layers.iter().enumerate() {
                 let bar = multi.add(ProgressBar::new(*size));
                 bar.set_style(style.clone());
-                bar.set_prefix(format!("{:>2}/{} {}", index + 1, layers.len(), short(digest)));
+                bar.set_prefix(format!(
+                    "{:>2}/{} {}",
+                    index + 1,
+                    layers.len(),
+                    short(digest)
+                ));
                 bar.set_message("waiting");
                 bar.enable_steady_tick(Duration::from_millis(200));
                 bars.push(bar);
             }
         }
-        PullEvent::LayerProgress { index, downloaded, .. } => {
+        PullEvent::LayerProgress {
+            index, downloaded, ..
+        } => {
             if let Some(bar) = bars.get(*index) {
                 bar.set_position(*downloaded);
             }

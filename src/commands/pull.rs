@@ -12,7 +12,9 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
     let client = registry_client(&args.registry, &reference)?;
     let mut options = PullOptions::default();
     if let Some(platform) = &args.platform {
-        options.platform = platform.parse().with_context(|| format!("--platform {platform:?}"))?;
+        options.platform = platform
+            .parse()
+            .with_context(|| format!("--platform {platform:?}"))?;
     }
     if args.max_concurrent_downloads == 0 {
         bail!("--max-concurrent-downloads must be at least 1");
@@ -25,7 +27,11 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
 
     let progress = Progress::new(&args.output);
     let sink = progress.clone();
-    let puller = Puller::builder().client(client).options(options).on_event(move |event| sink.event(event)).build()?;
+    let puller = Puller::builder()
+        .client(client)
+        .options(options)
+        .on_event(move |event| sink.event(event))
+        .build()?;
     let result = puller.pull(&reference, &args.dir).await;
     progress.finish(result.as_ref().ok());
     result.with_context(|| format!("pulling {reference} into {}", args.dir.display()))?;
@@ -34,18 +40,25 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
 
 /// The registry client the flags describe. The password of `--username` comes from stdin.
 pub fn registry_client(args: &RegistryArgs, reference: &Reference) -> anyhow::Result<Client> {
-    let mut builder = Client::builder().plain_http(args.plain_http).insecure(args.insecure);
+    let mut builder = Client::builder()
+        .plain_http(args.plain_http)
+        .insecure(args.insecure);
     for ca in &args.ca_certs {
         builder = builder.ca_cert(ca.clone());
     }
     if let Some(username) = &args.username {
         let mut password = String::new();
-        std::io::stdin().read_to_string(&mut password).context("reading the password from stdin")?;
+        std::io::stdin()
+            .read_to_string(&mut password)
+            .context("reading the password from stdin")?;
         let password = password.trim_end_matches(['\n', '\r']).to_owned();
         if password.is_empty() {
             bail!("--password-stdin: stdin was empty");
         }
-        builder = builder.credentials(reference.registry(), Credentials::basic(username.clone(), password));
+        builder = builder.credentials(
+            reference.registry(),
+            Credentials::basic(username.clone(), password),
+        );
     }
     Ok(builder.build()?)
 }

@@ -4,6 +4,7 @@
 //! rpull-fixture registry --port 5000 --storage /var/tmp/registry   # plain registry, foreground
 //! rpull-fixture push-dir --registry 127.0.0.1:5000 --repo big --tag 1 [--zstd] DIR...
 //! rpull-fixture demo-image --registry 127.0.0.1:5000 [--repo demo] [--tag latest]
+//! rpull-fixture diff-trees A B [--dir-mtimes]   # exit 1 and list differences when they differ
 //! ```
 
 use std::os::unix::process::CommandExt as _;
@@ -13,7 +14,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use rpull_testing::rpull_registry::{Client, CredentialStore};
 use rpull_testing::{
-    Compression, ImageBuilder, LayerBuilder, REGISTRY_BINARY, layer_from_dir, plain_config_yaml,
+    Compression, DiffOptions, ImageBuilder, LayerBuilder, REGISTRY_BINARY, TreeSnapshot, diff,
+    layer_from_dir, plain_config_yaml,
 };
 
 #[derive(Parser, Debug)]
@@ -45,8 +47,20 @@ enum Command {
         /// zstd layers instead of gzip.
         #[arg(long)]
         zstd: bool,
+        /// Also write the image as an OCI layout (tag TAG) here, e.g. for `umoci unpack`.
+        #[arg(long)]
+        oci_layout: Option<PathBuf>,
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
+    },
+    /// Compare two trees entry by entry (types, modes, sizes, content hashes, link targets,
+    /// hardlink groups, owners, xattrs, file mtimes); exit 1 listing the differences.
+    DiffTrees {
+        a: PathBuf,
+        b: PathBuf,
+        /// Compare directory mtimes too.
+        #[arg(long)]
+        dir_mtimes: bool,
     },
     /// Push a small multi-layer image built from code.
     DemoImage {
@@ -122,6 +136,7 @@ async fn main() -> Result<()> {
             repo,
             tag,
             zstd,
+            oci_layout,
             dirs,
         } => {
             let compression = if zstd {
@@ -142,10 +157,29 @@ async fn main() -> Result<()> {
                 );
                 image = image.image_layer(layer);
             }
+            let image = image.build();
+            if let Some(layout) = &oci_layout {
+                image.write_oci_layout(layout, &tag)?;
+            }
             let reference = format!("{registry}/{repo}:{tag}");
-            let digest = image.build().push(&plain_client()?, &reference).await?;
+            let digest = image.push(&plain_client()?, &reference).await?;
             println!("{reference}@{digest}");
             Ok(())
+        }
+        Command::DiffTrees { a, b, dir_mtimes } => {
+            let options = DiffOptions { dir_mtimes, ..DiffOptions::default() };
+            let (left, right) = (TreeSnapshot::capture(&a)?, TreeSnapshot::capture(&b)?);
+            let differences = diff(&left, &right, &options);
+            for line in &differences {
+                println!("{line}");
+            }
+            eprintln!(
+                "{} entries vs {} entries, {} differences",
+                left.entries.len(),
+                right.entries.len(),
+                differences.len()
+            );
+            if differences.is_empty() { Ok(()) } else { std::process::exit(1) }
         }
         Command::DemoImage {
             registry,

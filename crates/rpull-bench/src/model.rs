@@ -1,0 +1,147 @@
+//! The figures `rpull bench` reports. Serialised as the `--json` output, whose schema is
+//! documented in docs/bench-json.md and checked by a test.
+
+use serde::Serialize;
+
+use crate::Summary;
+
+/// One measured run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Sample {
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// CPU seconds (user + system) of the work measured, all threads and child processes.
+    pub cpu_seconds: f64,
+    /// Peak resident set size in bytes, where it could be measured.
+    pub peak_rss_bytes: Option<u64>,
+    /// Bytes that entered the stage (compressed bytes for network and decompress, tar bytes for
+    /// extract).
+    pub bytes_in: u64,
+    /// Bytes the stage produced (tar bytes for decompress, file bytes written for extract).
+    pub bytes_out: u64,
+    /// Files (tar entries) written, for extraction.
+    pub files: u64,
+    /// Seconds of the `syncfs` after an extraction to disk, timed separately.
+    pub sync_seconds: Option<f64>,
+}
+
+/// One stage (or the end-to-end pull) measured over several runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageResult {
+    /// Stable identifier: `network`, `network-ranged`, `decompress-1core`, `decompress-all`,
+    /// `extract-disk`, `extract-tmpfs`, `end-to-end`.
+    pub stage: String,
+    /// What was measured, in words.
+    pub description: String,
+    /// Every run.
+    pub samples: Vec<Sample>,
+    /// Seconds over the runs.
+    pub seconds: Option<Summary>,
+    /// CPU seconds over the runs.
+    pub cpu_seconds: Option<Summary>,
+    /// Median MB/s (10^6 bytes) of `bytes_in`.
+    pub mb_per_s_in: Option<f64>,
+    /// Median MB/s of `bytes_out`.
+    pub mb_per_s_out: Option<f64>,
+    /// Median files per second.
+    pub files_per_s: Option<f64>,
+    /// Notes (e.g. "page cache not dropped: not root").
+    pub notes: Vec<String>,
+}
+
+/// A peer tool run on the same image.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerResult {
+    /// `docker`, `podman`, `ctr`, `skopeo`, `crane`, `crane-export`.
+    pub tool: String,
+    /// What it does: "download only" or "download and extract", with detail.
+    pub does: String,
+    /// `tool --version` output, first line.
+    pub version: Option<String>,
+    /// Options it was run with.
+    pub options: String,
+    /// Runs, when it ran.
+    pub samples: Vec<Sample>,
+    /// Seconds over the runs.
+    pub seconds: Option<Summary>,
+    /// Why there is no number: not installed, failed (with its error).
+    pub skipped: Option<String>,
+}
+
+/// One point of a sweep.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepPoint {
+    /// The swept value (concurrency, chunk size in bytes, clients).
+    pub value: u64,
+    /// Seconds over the runs (for clients: over every client's time).
+    pub seconds: Option<Summary>,
+    /// Mean seconds (clients sweep).
+    pub mean_seconds: Option<f64>,
+    /// 90th percentile seconds (clients sweep).
+    pub p90_seconds: Option<f64>,
+    /// Aggregate MB/s at the median.
+    pub mb_per_s: Option<f64>,
+}
+
+/// A sweep over one parameter.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepResult {
+    /// `concurrency`, `chunk-size` or `clients`.
+    pub parameter: String,
+    /// What each point runs.
+    pub description: String,
+    /// The points, in the order given.
+    pub points: Vec<SweepPoint>,
+}
+
+/// Where the figures were measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct MachineInfo {
+    /// Logical CPUs.
+    pub cpus: usize,
+    /// CPU model name.
+    pub cpu_model: Option<String>,
+    /// Total memory in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Kernel release.
+    pub kernel: Option<String>,
+    /// Filesystem type of the destination (`ext4`, `tmpfs`, ...).
+    pub destination_fs: Option<String>,
+}
+
+/// Everything `rpull bench REF` measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// Schema version of this JSON, bumped on incompatible changes.
+    pub schema_version: u32,
+    /// Normalised reference.
+    pub reference: String,
+    /// Platform manifest digest.
+    pub manifest_digest: String,
+    /// Layers in the image.
+    pub layers: usize,
+    /// Sum of compressed layer sizes.
+    pub compressed_bytes: u64,
+    /// Sum of tar sizes.
+    pub uncompressed_bytes: u64,
+    /// Tar entries over all layers.
+    pub entries: u64,
+    /// Runs per stage.
+    pub runs: usize,
+    /// Destination directory the extraction and pulls wrote to.
+    pub destination: String,
+    /// The machine.
+    pub machine: MachineInfo,
+    /// Stage figures, then `end-to-end`.
+    pub stages: Vec<StageResult>,
+    /// The stage whose median time is closest to the end-to-end median (what bounds the pull).
+    pub bounding_stage: Option<String>,
+    /// max(slowest stage alone, CPU seconds of all stages / cores), seconds.
+    pub pipeline_floor_seconds: Option<f64>,
+    /// Peers, in the order asked.
+    pub peers: Vec<PeerResult>,
+    /// Sweeps asked for.
+    pub sweeps: Vec<SweepResult>,
+    /// Whether caches were dropped between runs, and how.
+    pub cache_note: String,
+}

@@ -1,0 +1,265 @@
+//! Ctrl-C in the middle of a pull: exit status 130, DIR left as it was, no staging directory.
+//!
+//! The registry is reached through a forwarder that trickles the bytes (about 1.3 MB/s), so the
+//! pull is reliably still downloading (and extracting) when SIGINT arrives.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rpull_testing::{Compression, ImageBuilder, LayerBuilder, RegistryOptions, TestRegistry};
+
+use crate::common::{Sandbox, block_on, staging_dirs};
+
+const CHUNK: usize = 64 * 1024;
+const TICK: Duration = Duration::from_millis(50);
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Forwards every connection on its port to `upstream`, sending responses `CHUNK` bytes per `TICK`.
+/// Its threads end with their connections; the listener lives until the test process ends.
+fn slow_forwarder(upstream: u16) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding the forwarder");
+    let port = listener.local_addr().expect("forwarder address").port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (mut client_reader, mut server_writer) = (
+                client.try_clone().expect("clone"),
+                server.try_clone().expect("clone"),
+            );
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut client_reader, &mut server_writer);
+                let _ = server_writer.shutdown(Shutdown::Write);
+            });
+            std::thread::spawn(move || trickle(server, client));
+        }
+    });
+    port
+}
+
+fn trickle(mut from: TcpStream, mut to: TcpStream) {
+    let mut buffer = vec![0u8; CHUNK];
+    loop {
+        match from.read(&mut buffer) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buffer[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(TICK);
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
+/// `len` bytes that do not compress (xorshift), so the blob is as big as the data.
+fn noise(len: usize, mut seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        out.extend_from_slice(&seed.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A line of stdout, or the end of it.
+enum Line {
+    Json(serde_json::Value),
+    End,
+}
+
+fn read_lines(child: &mut Child) -> mpsc::Receiver<Line> {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            if tx.send(Line::Json(value)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Line::End);
+    });
+    rx
+}
+
+fn wait_with_timeout(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for rpull") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("rpull did not exit within {TIMEOUT:?} of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+enum Attempt {
+    /// The pull finished before the signal could interrupt it: try with a bigger layer.
+    TooFast,
+    Interrupted,
+}
+
+/// Pulls through the slow forwarder, sends SIGINT at the first `layer_progress`, checks cleanup.
+fn interrupt_once(sandbox: &Sandbox, reference: &str, dest: &Path, force: bool) -> Attempt {
+    let mut rpull = sandbox.rpull().args(["pull", "--json", "--plain-http"]);
+    if force {
+        rpull = rpull.arg("--force");
+    }
+    let mut command = rpull.arg(reference).arg(dest).into_command();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning rpull");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let lines = read_lines(&mut child);
+    let mut seen = Vec::new();
+    loop {
+        match lines.recv_timeout(TIMEOUT) {
+            Ok(Line::Json(value)) => {
+                let progress = value["event"] == "layer_progress";
+                seen.push(value);
+                if progress {
+                    break;
+                }
+            }
+            Ok(Line::End) => {
+                let status = wait_with_timeout(&mut child);
+                let stderr = stderr.join().unwrap_or_default();
+                assert!(
+                    status.success(),
+                    "rpull failed before any progress: {status}\n{stderr}\n{seen:#?}"
+                );
+                return Attempt::TooFast;
+            }
+            Err(_) => {
+                let _ = child.kill();
+                panic!("no layer_progress within {TIMEOUT:?}; events so far: {seen:#?}");
+            }
+        }
+    }
+    // The pull is under way: its staging directory exists (so the check below can fail).
+    let staging_during = staging_dirs(dest);
+    assert_eq!(
+        staging_during.len(),
+        1,
+        "a staging directory while pulling: {staging_during:?}"
+    );
+
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .expect("sending SIGINT");
+    let status = wait_with_timeout(&mut child);
+    let stderr = stderr.join().unwrap_or_default();
+    while let Ok(Line::Json(value)) = lines.recv_timeout(Duration::from_secs(5)) {
+        seen.push(value);
+    }
+    if status.success() {
+        return Attempt::TooFast;
+    }
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "exit status after Ctrl-C: {status}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("interrupted"),
+        "says it was interrupted: {stderr:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|e| e["event"] != "committed" && e["event"] != "summary"),
+        "nothing committed: {seen:#?}"
+    );
+    assert_eq!(
+        staging_dirs(dest),
+        Vec::<String>::new(),
+        "the staging directory is removed after Ctrl-C"
+    );
+    Attempt::Interrupted
+}
+
+fn interrupted_pull_leaves_nothing(force: bool) {
+    let registry = TestRegistry::start(RegistryOptions::plain()).expect("starting docker-registry");
+    let forwarder = slow_forwarder(registry.port());
+    for (attempt, megabytes) in [8usize, 32, 128].into_iter().enumerate() {
+        let tag = format!("big:{megabytes}");
+        let image = ImageBuilder::new()
+            .layer(
+                LayerBuilder::new().file("small", "first layer\n", 0o644),
+                Compression::Gzip,
+            )
+            .layer(
+                LayerBuilder::new().file(
+                    "big",
+                    noise(megabytes << 20, 0x9e37_79b9_7f4a_7c15 + attempt as u64),
+                    0o644,
+                ),
+                Compression::Gzip,
+            )
+            .build();
+        block_on(registry.push_image(&image, &tag)).expect("pushing the big image");
+
+        let sandbox = Sandbox::new();
+        let dest = sandbox.join("rootfs");
+        if force {
+            sandbox.write("rootfs/keep", "old tree\n");
+        }
+        let reference = format!("127.0.0.1:{forwarder}/{tag}");
+        match interrupt_once(&sandbox, &reference, &dest, force) {
+            Attempt::Interrupted => {
+                if force {
+                    let kept = std::fs::read_to_string(dest.join("keep"))
+                        .expect("the old tree is still there");
+                    assert_eq!(kept, "old tree\n");
+                    let names: Vec<_> = std::fs::read_dir(&dest)
+                        .unwrap()
+                        .map(|e| e.unwrap().file_name())
+                        .collect();
+                    assert_eq!(names, ["keep"], "DIR is left as it was");
+                } else {
+                    assert!(!dest.exists(), "DIR must not appear after Ctrl-C");
+                }
+                return;
+            }
+            Attempt::TooFast => {
+                eprintln!("the pull of {megabytes} MiB finished before SIGINT; retrying bigger")
+            }
+        }
+    }
+    panic!("every pull finished before SIGINT landed");
+}
+
+#[test]
+fn ctrl_c_removes_staging_and_creates_nothing() {
+    interrupted_pull_leaves_nothing(false);
+}
+
+#[test]
+fn ctrl_c_with_force_leaves_the_old_tree() {
+    interrupted_pull_leaves_nothing(true);
+}

@@ -1,0 +1,10 @@
+//! CLI integration tests: the `rpull` binary run as a user runs it (clean environment, own HOME)
+//! against real `docker-registry` processes started by `rpull-testing`.
+
+mod auth;
+mod common;
+mod help;
+mod interrupt;
+mod output;
+mod ownership;
+mod transport;
