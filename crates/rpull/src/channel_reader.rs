@@ -20,7 +20,13 @@ pub(crate) struct ChannelReader {
 
 impl ChannelReader {
     pub(crate) fn new(rx: Receiver<Bytes>, cancel: CancellationToken, runtime: Handle) -> Self {
-        ChannelReader { rx, chunk: Bytes::new(), cancel, runtime, done: false }
+        ChannelReader {
+            rx,
+            chunk: Bytes::new(),
+            cancel,
+            runtime,
+            done: false,
+        }
     }
 
     /// Reads and drops everything still to come, so the download can finish and verify the

@@ -8,7 +8,7 @@ use thiserror::Error;
 pub enum PullError {
     /// Talking to the registry failed (resolve, auth, transport).
     #[error(transparent)]
-    Registry(#[from] rpull_registry::Error),
+    Registry(Box<rpull_registry::Error>),
     /// The manifest lists a layer whose media type rpull cannot unpack.
     #[error("layer {index} ({digest}) of {reference}")]
     UnsupportedLayer {
@@ -31,7 +31,7 @@ pub enum PullError {
         digest: Digest,
         /// What went wrong.
         #[source]
-        source: rpull_registry::Error,
+        source: Box<rpull_registry::Error>,
     },
     /// A layer's bytes did not match its descriptor.
     #[error("layer {index} ({digest}) failed verification")]
@@ -86,4 +86,10 @@ pub enum PullError {
     /// The pull was cancelled (Ctrl-C); nothing was committed.
     #[error("pull cancelled")]
     Cancelled,
+}
+
+impl From<rpull_registry::Error> for PullError {
+    fn from(error: rpull_registry::Error) -> Self {
+        PullError::Registry(Box::new(error))
+    }
 }

@@ -31,7 +31,7 @@ pub use puller::{Puller, PullerBuilder};
 pub use report::{LayerReport, PullReport};
 
 pub use rpull_extract::{ExtractOptions, IoBackendKind};
-pub use rpull_registry::{Credentials, CredentialStore, Digest, Platform, Reference};
+pub use rpull_registry::{CredentialStore, Credentials, Digest, Platform, Reference};
 
 /// The registry client (transport, auth, manifests, blobs), for embedders that configure it.
 pub use rpull_registry as registry;

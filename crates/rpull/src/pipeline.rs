@@ -28,11 +28,17 @@ const CHANNEL_DEPTH: usize = 32;
 /// Bytes between two progress events of one layer.
 const PROGRESS_STEP: u64 = 256 * 1024;
 
-pub(crate) async fn pull(puller: &Puller, reference: &Reference, dest: &Path) -> Result<PullReport, PullError> {
+pub(crate) async fn pull(
+    puller: &Puller,
+    reference: &Reference,
+    dest: &Path,
+) -> Result<PullReport, PullError> {
     let started = Instant::now();
     let options = &puller.options;
     if !options.force && matches!(destination_state(dest)?, DestinationState::Occupied) {
-        return Err(PullError::DestinationNotEmpty { path: dest.to_owned() });
+        return Err(PullError::DestinationNotEmpty {
+            path: dest.to_owned(),
+        });
     }
 
     let image = puller.client.resolve(reference, &options.platform).await?;
@@ -42,22 +48,30 @@ pub(crate) async fn pull(puller: &Puller, reference: &Reference, dest: &Path) ->
         .iter()
         .enumerate()
         .map(|(index, layer)| {
-            Codec::from_media_type(&layer.media_type).map(|(codec, _)| codec).map_err(|source| {
-                PullError::UnsupportedLayer {
+            Codec::from_media_type(&layer.media_type)
+                .map(|(codec, _)| codec)
+                .map_err(|source| PullError::UnsupportedLayer {
                     reference: reference_name.clone(),
                     index,
                     digest: layer.digest.clone(),
                     source,
-                }
-            })
+                })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let platform = image.platform.as_ref().unwrap_or(&options.platform).to_string();
+    let platform = image
+        .platform
+        .as_ref()
+        .unwrap_or(&options.platform)
+        .to_string();
     puller.emit(PullEvent::Resolved {
         reference: reference_name.clone(),
         manifest_digest: image.manifest_digest.clone(),
         platform: platform.clone(),
-        layers: image.layers.iter().map(|l| (l.digest.clone(), l.size)).collect(),
+        layers: image
+            .layers
+            .iter()
+            .map(|l| (l.digest.clone(), l.size))
+            .collect(),
     });
 
     // Drop order matters on error and cancellation: the tasks are aborted first, then the
@@ -68,12 +82,27 @@ pub(crate) async fn pull(puller: &Puller, reference: &Reference, dest: &Path) ->
 
     let semaphore = Arc::new(Semaphore::new(options.max_concurrent_downloads));
     for (index, (descriptor, codec)) in image.layers.iter().zip(codecs).enumerate() {
-        let target = if index == 0 { staging.rootfs() } else { staging.new_layer_dir(index)? };
-        let job = LayerJob { index, descriptor: descriptor.clone(), codec, target };
+        let target = if index == 0 {
+            staging.rootfs()
+        } else {
+            staging.new_layer_dir(index)?
+        };
+        let job = LayerJob {
+            index,
+            descriptor: descriptor.clone(),
+            codec,
+            target,
+        };
         let span = info_span!("layer", index, digest = %descriptor.digest);
         tasks.spawn(
-            layer_task(job, puller.clone(), image.reference.clone(), semaphore.clone(), threads.spawner())
-                .instrument(span),
+            layer_task(
+                job,
+                puller.clone(),
+                image.reference.clone(),
+                semaphore.clone(),
+                threads.spawner(),
+            )
+            .instrument(span),
         );
     }
 
@@ -91,25 +120,47 @@ pub(crate) async fn pull(puller: &Puller, reference: &Reference, dest: &Path) ->
         ready[index] = Some(outcome);
         // Merge every layer whose predecessors are all merged; later layers keep downloading.
         while let Some(outcome) = ready.get_mut(summaries.len()).and_then(Option::take) {
-            let LayerOutcome { index, target, summary, report } = outcome;
+            let LayerOutcome {
+                index,
+                target,
+                summary,
+                report,
+            } = outcome;
             let summary = if index == 0 {
                 summary
             } else {
                 merge(&threads, &staging, target, summary, &options.extract)
                     .await?
-                    .map_err(|source| PullError::Extract { index, digest: report.digest.clone(), source })?
+                    .map_err(|source| PullError::Extract {
+                        index,
+                        digest: report.digest.clone(),
+                        source,
+                    })?
             };
-            puller.emit(PullEvent::LayerState { index, digest: report.digest.clone(), state: LayerState::Merged });
+            puller.emit(PullEvent::LayerState {
+                index,
+                digest: report.digest.clone(),
+                state: LayerState::Merged,
+            });
             summaries.push(summary);
             layers.push(report);
         }
     }
 
+    let skipped: u64 = summaries.iter().map(|s| s.skipped_special_files).sum();
+    if skipped > 0 {
+        tracing::warn!(
+            skipped,
+            "skipped device nodes and fifos of the image: creating them needs root (run as root to get them)"
+        );
+    }
     let root = staging.rootfs();
     let extract_options = options.extract.clone();
     threads
         .spawner()
-        .spawn("rpull-finalize", move || finalize_tree(&root, &summaries, &extract_options))?
+        .spawn("rpull-finalize", move || {
+            finalize_tree(&root, &summaries, &extract_options)
+        })?
         .await
         .map_err(|_| threads.lost())?
         .map_err(|source| PullError::Extract {
@@ -119,7 +170,9 @@ pub(crate) async fn pull(puller: &Puller, reference: &Reference, dest: &Path) ->
         })?;
 
     staging.commit(dest, options.force)?;
-    puller.emit(PullEvent::Committed { path: dest.display().to_string() });
+    puller.emit(PullEvent::Committed {
+        path: dest.display().to_string(),
+    });
     drop(tasks);
     drop(threads);
     drop(staging);
@@ -162,7 +215,9 @@ async fn merge(
     let (root, options) = (staging.rootfs(), options.clone());
     threads
         .spawner()
-        .spawn("rpull-merge", move || merge_layer(&root, &staged, &summary, &options).map(|_| summary))?
+        .spawn("rpull-merge", move || {
+            merge_layer(&root, &staged, &summary, &options).map(|_| summary)
+        })?
         .await
         .map_err(|_| threads.lost())
 }
@@ -176,12 +231,23 @@ async fn layer_task(
     threads: ThreadSpawner,
 ) -> Result<LayerOutcome, PullError> {
     let digest = job.descriptor.digest.clone();
-    let permit = semaphore.acquire_owned().await.map_err(|_| PullError::Cancelled)?;
-    puller.emit(PullEvent::LayerState { index: job.index, digest: digest.clone(), state: LayerState::Downloading });
+    let permit = semaphore
+        .acquire_owned()
+        .await
+        .map_err(|_| PullError::Cancelled)?;
+    puller.emit(PullEvent::LayerState {
+        index: job.index,
+        digest: digest.clone(),
+        state: LayerState::Downloading,
+    });
 
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let worker = {
-        let (target, codec, options) = (job.target.clone(), job.codec, puller.options.extract.clone());
+        let (target, codec, options) = (
+            job.target.clone(),
+            job.codec,
+            puller.options.extract.clone(),
+        );
         let (cancel, runtime) = (threads.cancel_token(), Handle::current());
         threads.spawn(format!("rpull-layer-{}", job.index), move || {
             extract_worker(rx, codec, &target, &options, cancel, runtime)
@@ -192,8 +258,16 @@ async fn layer_task(
     let worker = worker.await.map_err(|_| threads.lost())?;
 
     let wrap_extract = |error: WorkerError| match error {
-        WorkerError::Decompress(source) => PullError::Decompress { index: job.index, digest: digest.clone(), source },
-        WorkerError::Extract(source) => PullError::Extract { index: job.index, digest: digest.clone(), source },
+        WorkerError::Decompress(source) => PullError::Decompress {
+            index: job.index,
+            digest: digest.clone(),
+            source,
+        },
+        WorkerError::Extract(source) => PullError::Extract {
+            index: job.index,
+            digest: digest.clone(),
+            source,
+        },
     };
     // A verification failure explains a decompression failure, so it is reported first.
     let downloaded = download?;
@@ -205,13 +279,22 @@ async fn layer_task(
         // Layer 0 is extracted straight into the root: a hardlink whose target it did not write
         // points at nothing.
         if let Some(link) = extracted.summary.deferred_hardlinks.first() {
-            return Err(wrap_extract(WorkerError::Extract(rpull_extract::ExtractError::Invalid {
-                entry: link.link.clone(),
-                detail: format!("hardlink to {}, which no earlier entry created", link.target.display()),
-            })));
+            return Err(wrap_extract(WorkerError::Extract(
+                rpull_extract::ExtractError::Invalid {
+                    entry: link.link.clone(),
+                    detail: format!(
+                        "hardlink to {}, which no earlier entry created",
+                        link.target.display()
+                    ),
+                },
+            )));
         }
     }
-    puller.emit(PullEvent::LayerState { index: job.index, digest: digest.clone(), state: LayerState::Extracted });
+    puller.emit(PullEvent::LayerState {
+        index: job.index,
+        digest: digest.clone(),
+        state: LayerState::Extracted,
+    });
     debug!(
         seconds = extracted.seconds,
         entries = extracted.summary.entries,
@@ -249,12 +332,22 @@ async fn download(
 ) -> Result<Downloaded, PullError> {
     let started = Instant::now();
     let (index, descriptor) = (job.index, &job.descriptor);
-    let download_error =
-        |source: rpull_registry::Error| PullError::Download { index, digest: descriptor.digest.clone(), source };
-    let verify_error =
-        |source: rpull_registry::VerifyError| PullError::Verify { index, digest: descriptor.digest.clone(), source };
+    let download_error = |source: rpull_registry::Error| PullError::Download {
+        index,
+        digest: descriptor.digest.clone(),
+        source: Box::new(source),
+    };
+    let verify_error = |source: rpull_registry::VerifyError| PullError::Verify {
+        index,
+        digest: descriptor.digest.clone(),
+        source,
+    };
 
-    let mut stream = puller.client.get_blob(repository, &descriptor.digest).await.map_err(download_error)?;
+    let mut stream = puller
+        .client
+        .get_blob(repository, &descriptor.digest)
+        .await
+        .map_err(download_error)?;
     let mut verifier = DigestVerifier::new(&descriptor.digest, Some(descriptor.size));
     let (mut downloaded, mut reported) = (0u64, 0u64);
     while let Some(chunk) = stream.next().await {
@@ -263,20 +356,40 @@ async fn download(
         downloaded += chunk.len() as u64;
         if downloaded > descriptor.size {
             // A registry that sends more than the descriptor says is stopped right away.
-            return Err(verify_error(verifier.finish().expect_err("size already exceeded")));
+            return Err(verify_error(
+                verifier.finish().expect_err("size already exceeded"),
+            ));
         }
         if downloaded - reported >= PROGRESS_STEP {
             reported = downloaded;
-            puller.emit(PullEvent::LayerProgress { index, downloaded, total: descriptor.size });
+            puller.emit(PullEvent::LayerProgress {
+                index,
+                downloaded,
+                total: descriptor.size,
+            });
         }
         if tx.send(chunk).await.is_err() {
-            return Ok(Downloaded { complete: false, seconds: started.elapsed().as_secs_f64() });
+            return Ok(Downloaded {
+                complete: false,
+                seconds: started.elapsed().as_secs_f64(),
+            });
         }
     }
-    puller.emit(PullEvent::LayerProgress { index, downloaded, total: descriptor.size });
+    puller.emit(PullEvent::LayerProgress {
+        index,
+        downloaded,
+        total: descriptor.size,
+    });
     verifier.finish().map_err(verify_error)?;
-    puller.emit(PullEvent::LayerState { index, digest: descriptor.digest.clone(), state: LayerState::Verified });
-    Ok(Downloaded { complete: true, seconds: started.elapsed().as_secs_f64() })
+    puller.emit(PullEvent::LayerState {
+        index,
+        digest: descriptor.digest.clone(),
+        state: LayerState::Verified,
+    });
+    Ok(Downloaded {
+        complete: true,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 struct Extracted {
@@ -321,7 +434,12 @@ fn extract_worker(
             // A stream that continues after the end of the codec's data still has to reach the
             // digest check whole.
             let _ = reader.drain();
-            Ok(Extracted { summary, uncompressed_bytes, codec, seconds: started.elapsed().as_secs_f64() })
+            Ok(Extracted {
+                summary,
+                uncompressed_bytes,
+                codec,
+                seconds: started.elapsed().as_secs_f64(),
+            })
         }
         Err(e) => {
             let _ = reader.drain();
@@ -351,7 +469,10 @@ impl Threads {
     fn new() -> Threads {
         Threads {
             spawner: ThreadSpawner {
-                inner: Arc::new(ThreadsInner { cancel: CancellationToken::new(), handles: Mutex::new((false, Vec::new())) }),
+                inner: Arc::new(ThreadsInner {
+                    cancel: CancellationToken::new(),
+                    handles: Mutex::new((false, Vec::new())),
+                }),
             },
         }
     }
@@ -398,7 +519,11 @@ impl ThreadSpawner {
             .spawn(move || {
                 let _ = tx.send(work());
             })
-            .map_err(|source| PullError::Io { action: "starting a worker thread", path: PathBuf::new(), source })?;
+            .map_err(|source| PullError::Io {
+                action: "starting a worker thread",
+                path: PathBuf::new(),
+                source,
+            })?;
         handles.1.push(handle);
         Ok(rx)
     }
@@ -408,7 +533,12 @@ impl Drop for Threads {
     fn drop(&mut self) {
         self.spawner.inner.cancel.cancel();
         let handles = {
-            let mut guard = self.spawner.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = self
+                .spawner
+                .inner
+                .handles
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             guard.0 = true;
             std::mem::take(&mut guard.1)
         };

@@ -18,7 +18,9 @@ pub struct Puller {
 
 impl std::fmt::Debug for Puller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Puller").field("options", &self.options).finish_non_exhaustive()
+        f.debug_struct("Puller")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
     }
 }
 
@@ -32,7 +34,9 @@ pub struct PullerBuilder {
 
 impl std::fmt::Debug for PullerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PullerBuilder").field("options", &self.options).finish_non_exhaustive()
+        f.debug_struct("PullerBuilder")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
     }
 }
 
@@ -64,7 +68,11 @@ impl PullerBuilder {
         };
         let mut options = self.options;
         options.max_concurrent_downloads = options.max_concurrent_downloads.max(1);
-        Ok(Puller { client, options, events: self.events })
+        Ok(Puller {
+            client,
+            options,
+            events: self.events,
+        })
     }
 }
 

@@ -17,7 +17,11 @@ pub(crate) struct Staging {
 }
 
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PullError + 'a {
-    move |source| PullError::Io { action, path: path.to_owned(), source }
+    move |source| PullError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    }
 }
 
 impl Staging {
@@ -62,7 +66,9 @@ impl Staging {
                 fs::rename(dest, &old).map_err(io_err("moving aside the old", dest))?;
             }
             DestinationState::Occupied => {
-                return Err(PullError::DestinationNotEmpty { path: dest.to_owned() });
+                return Err(PullError::DestinationNotEmpty {
+                    path: dest.to_owned(),
+                });
             }
         }
         fs::rename(&rootfs, dest).map_err(io_err("renaming the pulled tree to", dest))
@@ -91,7 +97,9 @@ fn remove_all(dir: &Path) -> io::Result<()> {
 
 fn make_writable(dir: &Path) {
     use std::os::unix::fs::PermissionsExt;
-    let Ok(meta) = fs::symlink_metadata(dir) else { return };
+    let Ok(meta) = fs::symlink_metadata(dir) else {
+        return;
+    };
     if !meta.is_dir() {
         return;
     }
@@ -112,10 +120,18 @@ pub(crate) enum DestinationState {
 pub(crate) fn destination_state(dest: &Path) -> Result<DestinationState, PullError> {
     match fs::symlink_metadata(dest) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(DestinationState::Missing),
-        Err(e) => Err(PullError::Io { action: "checking destination", path: dest.to_owned(), source: e }),
+        Err(e) => Err(PullError::Io {
+            action: "checking destination",
+            path: dest.to_owned(),
+            source: e,
+        }),
         Ok(meta) if meta.is_dir() => {
             let mut entries = fs::read_dir(dest).map_err(io_err("reading destination", dest))?;
-            Ok(if entries.next().is_none() { DestinationState::EmptyDir } else { DestinationState::Occupied })
+            Ok(if entries.next().is_none() {
+                DestinationState::EmptyDir
+            } else {
+                DestinationState::Occupied
+            })
         }
         Ok(_) => Ok(DestinationState::Occupied),
     }
@@ -123,13 +139,18 @@ pub(crate) fn destination_state(dest: &Path) -> Result<DestinationState, PullErr
 
 fn split(dest: &Path) -> Result<(PathBuf, String), PullError> {
     let absolute = std::path::absolute(dest).map_err(io_err("resolving", dest))?;
-    let name = absolute.file_name().map(|n| n.to_string_lossy().into_owned());
+    let name = absolute
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
     match (absolute.parent(), name) {
         (Some(parent), Some(name)) if name != ".." => Ok((parent.to_owned(), name)),
         _ => Err(PullError::Io {
             action: "choosing a staging directory for",
             path: dest.to_owned(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "the destination needs a parent directory and a name"),
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the destination needs a parent directory and a name",
+            ),
         }),
     }
 }
@@ -137,11 +158,17 @@ fn split(dest: &Path) -> Result<(PathBuf, String), PullError> {
 /// Staging directories of processes that no longer run (killed with SIGKILL, power loss).
 fn remove_stale(parent: &Path, name: &str) {
     let prefix = format!(".{name}{MARKER}");
-    let Ok(entries) = fs::read_dir(parent) else { return };
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
     for entry in entries.flatten() {
         let file_name = entry.file_name();
-        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
             debug!(path = %entry.path().display(), pid, "removing a staging directory left by a dead rpull process");
             let _ = remove_all(&entry.path());
