@@ -1,7 +1,7 @@
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong while extracting, merging or finalizing a layer.
 ///
@@ -10,17 +10,19 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExtractError {
-    /// The tar stream itself could not be read (truncated stream, bad header, decoder error).
-    #[error("reading the layer tar stream after entry {}: {source}", entry.display())]
+    /// The tar stream itself could not be read (truncated stream, bad header, decoder error), in
+    /// a header or in an entry's data.
+    #[error("reading the layer tar stream{}", at_entry(entry))]
     Tar {
-        /// The last entry read successfully (empty before the first one).
+        /// The entry whose data or extension records were being read, or, when a header could not
+        /// be read, the last entry read successfully (empty before the first one).
         entry: PathBuf,
         /// The underlying error.
         #[source]
         source: io::Error,
     },
     /// A file-system operation on an entry failed.
-    #[error("{operation} {}: {source}", entry.display())]
+    #[error("{operation} {}", entry.display())]
     Io {
         /// The entry, relative to the root of the tree being written.
         entry: PathBuf,
@@ -48,6 +50,15 @@ pub enum ExtractError {
         /// What is wrong with it.
         detail: String,
     },
+}
+
+/// ` at entry NAME`, or nothing before the first entry.
+fn at_entry(entry: &Path) -> String {
+    if entry.as_os_str().is_empty() {
+        String::new()
+    } else {
+        format!(" at entry {}", entry.display())
+    }
 }
 
 /// A path for an error message, from the raw bytes of an entry name.

@@ -272,10 +272,24 @@ impl Extractor<'_> {
                 Err(error) => return Err(io_error(path, "creating file", error)),
             }
         };
+        // A failure of the layer stream (truncated, a decoder error) is not a write error.
+        let mut data = ReadFailure {
+            inner: entry,
+            failed: false,
+        };
         let written = self
             .backend
-            .write_data(file.as_fd(), entry)
-            .map_err(|error| io_error(path, "writing", error))?;
+            .write_data(file.as_fd(), &mut data)
+            .map_err(|source| {
+                if data.failed {
+                    ExtractError::Tar {
+                        entry: entry_path(path),
+                        source,
+                    }
+                } else {
+                    io_error(path, "writing", source)
+                }
+            })?;
         apply_to_fd(
             file.as_fd(),
             &self.metadata,
@@ -462,6 +476,23 @@ impl Extractor<'_> {
         operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>,
     ) -> Result<T, ExtractError> {
         replace_with(&mut self.tree, parent, name, path, operation)
+    }
+}
+
+/// An entry's data as handed to the backend, remembering whether reading it failed, so that a
+/// failure of the stream is told apart from a failure to write.
+struct ReadFailure<R> {
+    inner: R,
+    failed: bool,
+}
+
+impl<R: Read> Read for ReadFailure<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buffer).inspect_err(|error| {
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                self.failed = true;
+            }
+        })
     }
 }
 

@@ -1,5 +1,6 @@
 //! `merge_layer`: apply a staged layer on top of the root with renames and unlinks only.
 
+use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -13,8 +14,10 @@ use crate::error::{ExtractError, invalid, io_error};
 use crate::name::split_parent;
 use crate::options::ExtractOptions;
 use crate::remove::{list_dir, remove_all_at, remove_children};
-use crate::resolve::{Tree, file_type_at};
+use crate::resolve::{Tree, file_type_at, lossy, walk_beneath};
 use crate::summary::{LayerSummary, MergeStats};
+
+const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 
 const DIR_READ_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
@@ -25,11 +28,19 @@ const DIR_READ_FLAGS: OFlags = OFlags::RDONLY
 ///
 /// 1. whiteouts delete their path from the root (parents resolved inside the root, following
 ///    symlinks confined to it; the final component is never followed),
-/// 2. opaque directories have their content in the root removed,
+/// 2. opaque directories have their content in the root removed (resolved the same way; an opaque
+///    directory that has no entry of its own in the layer follows a symlink in the root, as
+///    umoci does, while one with its own entry replaces the symlink and empties nothing),
 /// 3. staged entries move in: absent from the root -> one `rename` (a whole subtree at once);
-///    directory on both sides -> merged recursively; anything else -> the root's entry is removed
-///    (recursively) and the staged one renamed in. Symlinks in the root are never followed.
+///    directory on both sides -> merged recursively; a directory created only as the parent of
+///    other entries (no entry of its own) over a symlink of the root -> the symlink is resolved
+///    inside the root and the directory's content merged into its target (docker and umoci write
+///    through such symlinks: `lib -> usr/lib` then `lib/libfoo.so`); anything else -> the root's
+///    entry is removed (recursively) and the staged one renamed in.
 /// 4. deferred hardlinks are linked to their (earlier-layer) targets, replacing what is there.
+///
+/// Paths on the way are always resolved inside the root: a symlink whose target climbs above it
+/// is an [`ExtractError::Escape`] naming the layer's entry, as it is within one layer.
 ///
 /// `staged` is removed when done. Directory metadata is left to [`finalize_tree`](crate::finalize_tree).
 #[instrument(skip_all, fields(staged = %staged.display()))]
@@ -40,18 +51,25 @@ pub fn merge_layer(
     options: &ExtractOptions,
 ) -> Result<MergeStats, ExtractError> {
     let _ = options; // Nothing option-dependent yet: the merge only renames and unlinks.
-    let tree = Tree::open(root)?;
-    let mut stats = MergeStats::default();
+    let mut merge = Merge {
+        tree: Tree::open(root)?,
+        explicit: summary
+            .directories
+            .iter()
+            .map(|directory| directory.path.as_os_str().as_bytes())
+            .collect(),
+        stats: MergeStats::default(),
+    };
 
     for whiteout in &summary.whiteouts {
         let path = whiteout.as_os_str().as_bytes();
         let (parent, name) = split_parent(path);
         let name = c_name(name, path)?;
-        let Some(dir) = lookup_existing_dir(&tree, parent, path)? else {
+        let Some(dir) = merge.existing_dir(parent, path)? else {
             continue;
         };
         match remove_all_at(dir.as_fd(), &name) {
-            Ok(()) => stats.whiteouts_applied += 1,
+            Ok(()) => merge.stats.whiteouts_applied += 1,
             Err(Errno::NOENT) => {}
             Err(errno) => return Err(io_error(path, "applying whiteout of", errno)),
         }
@@ -59,131 +77,240 @@ pub fn merge_layer(
 
     for opaque in &summary.opaque_dirs {
         let path = opaque.as_os_str().as_bytes();
-        let dir = if path.is_empty() {
-            Some(
-                rustix::fs::openat(tree.root(), c".", DIR_READ_FLAGS, Mode::empty())
-                    .map_err(|errno| io_error(path, "opening", errno))?,
-            )
-        } else {
-            let (parent, name) = split_parent(path);
-            let name = c_name(name, path)?;
-            match lookup_existing_dir(&tree, parent, path)? {
-                // Not followed if it is a symlink: the staged directory will replace it.
-                Some(parent) => {
-                    match rustix::fs::openat(parent, &name, DIR_READ_FLAGS, Mode::empty()) {
-                        Ok(dir) => Some(dir),
-                        Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => None,
-                        Err(errno) => {
-                            return Err(io_error(path, "opening opaque directory", errno));
-                        }
-                    }
-                }
-                None => None,
-            }
-        };
-        if let Some(dir) = dir {
-            remove_children(dir.as_fd())
-                .map_err(|errno| io_error(path, "emptying opaque directory", errno))?;
-            stats.opaque_dirs_applied += 1;
+        let mut marker = path.to_vec();
+        if !marker.is_empty() {
+            marker.push(b'/');
         }
+        marker.extend_from_slice(OPAQUE_MARKER);
+        let Some(dir) = merge.existing_dir(path, &marker)? else {
+            continue;
+        };
+        // `existing_dir` gives an `O_PATH` descriptor; listing needs a readable one.
+        let dir = rustix::fs::openat(dir, c".", DIR_READ_FLAGS, Mode::empty())
+            .map_err(|errno| io_error(path, "opening opaque directory", errno))?;
+        remove_children(dir.as_fd())
+            .map_err(|errno| io_error(path, "emptying opaque directory", errno))?;
+        merge.stats.opaque_dirs_applied += 1;
     }
 
     let staged_dir = rustix::fs::open(staged, DIR_READ_FLAGS, Mode::empty())
         .map_err(|errno| io_error(staged.as_os_str().as_bytes(), "opening staged layer", errno))?;
-    let root_dir = rustix::fs::openat(tree.root(), c".", DIR_READ_FLAGS, Mode::empty())
+    let root_dir = rustix::fs::openat(merge.tree.root(), c".", DIR_READ_FLAGS, Mode::empty())
         .map_err(|errno| io_error(b"", "opening root", errno))?;
     let mut path = Vec::new();
-    merge_dir(root_dir.as_fd(), staged_dir.as_fd(), &mut path, &mut stats)?;
+    merge.merge_dir(root_dir.as_fd(), staged_dir.as_fd(), &mut path)?;
 
     for hardlink in &summary.deferred_hardlinks {
+        // Resolved after the merge: parents that are symlinks of an earlier layer (and were not
+        // replaced by a directory entry of this layer) are followed inside the root.
         link_deferred(
-            &tree,
+            &merge.tree,
             hardlink.link.as_os_str().as_bytes(),
             hardlink.target.as_os_str().as_bytes(),
         )?;
-        stats.hardlinks_linked += 1;
+        merge.stats.hardlinks_linked += 1;
     }
 
     drop(staged_dir);
     remove_staged(staged)?;
+    let stats = merge.stats;
     debug!(?stats, "layer merged");
     Ok(stats)
 }
 
-/// Moves the content of `staged` into `root`; `path` is the directory's path relative to the root
-/// (for error messages), extended and restored as the recursion goes.
-fn merge_dir(
-    root: BorrowedFd<'_>,
-    staged: BorrowedFd<'_>,
-    path: &mut Vec<u8>,
-    stats: &mut MergeStats,
-) -> Result<(), ExtractError> {
-    let names =
-        list_dir(staged).map_err(|errno| io_error(path, "listing staged directory", errno))?;
-    for name in names {
-        let length = path.len();
-        if !path.is_empty() {
-            path.push(b'/');
-        }
-        path.extend_from_slice(name.to_bytes());
-        let result = merge_entry(root, staged, &name, path, stats);
-        path.truncate(length);
-        result?;
-    }
-    Ok(())
+/// The state of one [`merge_layer`].
+struct Merge<'a> {
+    tree: Tree,
+    /// Directories that had their own entry in the layer: over a non-directory of the root they
+    /// replace it, while directories created only as parents follow a symlink there.
+    explicit: HashSet<&'a [u8]>,
+    stats: MergeStats,
 }
 
-fn merge_entry(
-    root: BorrowedFd<'_>,
-    staged: BorrowedFd<'_>,
-    name: &CStr,
-    path: &mut Vec<u8>,
-    stats: &mut MergeStats,
-) -> Result<(), ExtractError> {
-    match rustix::fs::renameat_with(staged, name, root, name, RenameFlags::NOREPLACE) {
-        Ok(()) => {
-            stats.renamed += 1;
-            return Ok(());
+impl Merge<'_> {
+    /// The directory at `path` in the root (symlinks on the way followed inside the root), or
+    /// `None` when it does not exist, is not a directory, or is a non-directory of the root that a
+    /// directory entry of this layer replaces (so nothing of the root below it survives the merge).
+    /// `entry` names the errors.
+    fn existing_dir(&self, path: &[u8], entry: &[u8]) -> Result<Option<OwnedFd>, ExtractError> {
+        if path.is_empty() {
+            return lookup_existing_dir(&self.tree, path, entry);
         }
-        Err(Errno::EXIST) => {}
-        // File systems without RENAME_NOREPLACE: look before renaming.
-        Err(Errno::INVAL | Errno::NOSYS)
-            if file_type_at(root, name)
-                .map_err(|errno| io_error(path, "inspecting", errno))?
-                .is_none() =>
-        {
-            rustix::fs::renameat(staged, name, root, name)
-                .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
-            stats.renamed += 1;
-            return Ok(());
+        // Every prefix of `path`, shortest first, that had its own directory entry in this layer.
+        let ends = path
+            .iter()
+            .enumerate()
+            .filter(|(_, byte)| **byte == b'/')
+            .map(|(end, _)| end)
+            .chain([path.len()]);
+        for end in ends {
+            let prefix = &path[..end];
+            if !self.explicit.contains(prefix) {
+                continue;
+            }
+            let (parent, name) = split_parent(prefix);
+            let Some(parent) = lookup_existing_dir(&self.tree, parent, entry)? else {
+                return Ok(None);
+            };
+            let name = c_name(name, entry)?;
+            let kind = file_type_at(parent.as_fd(), &name)
+                .map_err(|errno| io_error(entry, "inspecting", errno))?;
+            if kind != Some(FileType::Directory) {
+                return Ok(None);
+            }
         }
-        Err(Errno::INVAL | Errno::NOSYS) => {}
-        Err(errno) => return Err(io_error(path, "moving staged entry to", errno)),
+        lookup_existing_dir(&self.tree, path, entry)
     }
-    let staged_type =
-        file_type_at(staged, name).map_err(|errno| io_error(path, "inspecting staged", errno))?;
-    let root_type =
-        file_type_at(root, name).map_err(|errno| io_error(path, "inspecting", errno))?;
-    if staged_type == Some(FileType::Directory) && root_type == Some(FileType::Directory) {
+
+    /// Moves the content of `staged` into `root`; `path` is the directory's path relative to the
+    /// root (for error messages), extended and restored as the recursion goes.
+    fn merge_dir(
+        &mut self,
+        root: BorrowedFd<'_>,
+        staged: BorrowedFd<'_>,
+        path: &mut Vec<u8>,
+    ) -> Result<(), ExtractError> {
+        let names =
+            list_dir(staged).map_err(|errno| io_error(path, "listing staged directory", errno))?;
+        for name in names {
+            let length = path.len();
+            if !path.is_empty() {
+                path.push(b'/');
+            }
+            path.extend_from_slice(name.to_bytes());
+            let result = self.merge_entry(root, staged, &name, path);
+            path.truncate(length);
+            result?;
+        }
+        Ok(())
+    }
+
+    fn merge_entry(
+        &mut self,
+        root: BorrowedFd<'_>,
+        staged: BorrowedFd<'_>,
+        name: &CStr,
+        path: &mut Vec<u8>,
+    ) -> Result<(), ExtractError> {
+        match rustix::fs::renameat_with(staged, name, root, name, RenameFlags::NOREPLACE) {
+            Ok(()) => {
+                self.stats.renamed += 1;
+                return Ok(());
+            }
+            Err(Errno::EXIST) => {}
+            // File systems without RENAME_NOREPLACE: look before renaming.
+            Err(Errno::INVAL | Errno::NOSYS)
+                if file_type_at(root, name)
+                    .map_err(|errno| io_error(path, "inspecting", errno))?
+                    .is_none() =>
+            {
+                rustix::fs::renameat(staged, name, root, name)
+                    .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
+                self.stats.renamed += 1;
+                return Ok(());
+            }
+            Err(Errno::INVAL | Errno::NOSYS) => {}
+            Err(errno) => return Err(io_error(path, "moving staged entry to", errno)),
+        }
+        let staged_type = file_type_at(staged, name)
+            .map_err(|errno| io_error(path, "inspecting staged", errno))?;
+        let root_type =
+            file_type_at(root, name).map_err(|errno| io_error(path, "inspecting", errno))?;
+        if staged_type == Some(FileType::Directory) && root_type == Some(FileType::Directory) {
+            let staged_child = rustix::fs::openat(staged, name, DIR_READ_FLAGS, Mode::empty())
+                .map_err(|errno| io_error(path, "opening staged directory", errno))?;
+            let root_child = rustix::fs::openat(root, name, DIR_READ_FLAGS, Mode::empty())
+                .map_err(|errno| io_error(path, "opening directory", errno))?;
+            self.stats.merged_dirs += 1;
+            return self.merge_dir(root_child.as_fd(), staged_child.as_fd(), path);
+        }
+        if staged_type == Some(FileType::Directory)
+            && root_type == Some(FileType::Symlink)
+            && !self.explicit.contains(path.as_slice())
+        {
+            return self.merge_through_symlink(staged, name, path);
+        }
+        // Anything else replaces what the root has (an explicit directory entry replaces a symlink,
+        // as moby's createTarFile does). A non-directory over a non-directory is one atomic rename;
+        // otherwise the root's entry has to go first (rename cannot swap kinds).
+        if root_type == Some(FileType::Directory) || staged_type == Some(FileType::Directory) {
+            match remove_all_at(root, name) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(errno) => return Err(io_error(path, "removing replaced", errno)),
+            }
+        }
+        rustix::fs::renameat(staged, name, root, name)
+            .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
+        self.stats.replaced += 1;
+        Ok(())
+    }
+
+    /// The staged directory `path` was only created as the parent of other entries and the root
+    /// has a symlink there: the symlink stays and the directory's content goes where it leads,
+    /// resolved inside the root (an absolute target from the root; missing directories created as
+    /// in one layer). A target above the root is an escape and a target that is not a directory
+    /// is invalid (docker and umoci fail there too), both naming an entry of the staged directory.
+    fn merge_through_symlink(
+        &mut self,
+        staged: BorrowedFd<'_>,
+        name: &CStr,
+        path: &mut Vec<u8>,
+    ) -> Result<(), ExtractError> {
         let staged_child = rustix::fs::openat(staged, name, DIR_READ_FLAGS, Mode::empty())
             .map_err(|errno| io_error(path, "opening staged directory", errno))?;
-        let root_child = rustix::fs::openat(root, name, DIR_READ_FLAGS, Mode::empty())
-            .map_err(|errno| io_error(path, "opening directory", errno))?;
-        stats.merged_dirs += 1;
-        return merge_dir(root_child.as_fd(), staged_child.as_fd(), path, stats);
+        let Some(entry) = self.first_entry(staged_child.as_fd(), path)? else {
+            // Nothing to write through the symlink (the parent of a deferred hardlink or of an
+            // opaque marker, resolved on their own with their own names).
+            debug!(entry = %lossy(path), "empty implicit directory over a symlink; symlink kept");
+            return Ok(());
+        };
+        let target = match walk_beneath(self.tree.root(), path, true, &entry) {
+            Ok(target) => target,
+            Err(ExtractError::Io { source, .. })
+                if source.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                return Err(invalid(
+                    &entry,
+                    format!(
+                        "{} is a symlink of an earlier layer that does not lead to a directory",
+                        lossy(path)
+                    ),
+                ));
+            }
+            Err(error) => return Err(error),
+        };
+        let target = rustix::fs::openat(&target, c".", DIR_READ_FLAGS, Mode::empty())
+            .map_err(|errno| io_error(path, "opening symlinked directory", errno))?;
+        debug!(entry = %lossy(path), "implicit directory over a symlink of an earlier layer; writing through it");
+        self.stats.merged_dirs += 1;
+        self.merge_dir(target.as_fd(), staged_child.as_fd(), path)
     }
-    // Anything else replaces what the root has. A non-directory over a non-directory is one atomic
-    // rename; otherwise the root's entry has to go first (rename cannot swap kinds).
-    if root_type == Some(FileType::Directory) || staged_type == Some(FileType::Directory) {
-        match remove_all_at(root, name) {
-            Ok(()) | Err(Errno::NOENT) => {}
-            Err(errno) => return Err(io_error(path, "removing replaced", errno)),
+
+    /// An entry of the layer inside the staged directory `dir` (at `path`) to name in errors: the
+    /// first name, descending through directories that have no entry of their own; `None` when
+    /// `dir` is empty.
+    fn first_entry(
+        &self,
+        dir: BorrowedFd<'_>,
+        path: &[u8],
+    ) -> Result<Option<Vec<u8>>, ExtractError> {
+        let mut names =
+            list_dir(dir).map_err(|errno| io_error(path, "listing staged directory", errno))?;
+        names.sort();
+        let Some(name) = names.into_iter().next() else {
+            return Ok(None);
+        };
+        let mut child = path.to_vec();
+        child.push(b'/');
+        child.extend_from_slice(name.to_bytes());
+        if !self.explicit.contains(child.as_slice())
+            && let Ok(subdir) = rustix::fs::openat(dir, &name, DIR_READ_FLAGS, Mode::empty())
+            && let Some(deeper) = self.first_entry(subdir.as_fd(), &child)?
+        {
+            return Ok(Some(deeper));
         }
+        Ok(Some(child))
     }
-    rustix::fs::renameat(staged, name, root, name)
-        .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
-    stats.replaced += 1;
-    Ok(())
 }
 
 /// `link` becomes another name of `target`, both resolved inside the root.
@@ -214,13 +341,14 @@ fn link_deferred(tree: &Tree, link: &[u8], target: &[u8]) -> Result<(), ExtractE
     }
 }
 
-/// The directory `parent` in the root, or `None` when it does not exist (nothing to white out).
+/// The directory `path` in the root, or `None` when it does not exist or is not a directory
+/// (nothing to white out).
 fn lookup_existing_dir(
     tree: &Tree,
-    parent: &[u8],
+    path: &[u8],
     entry: &[u8],
 ) -> Result<Option<OwnedFd>, ExtractError> {
-    match tree.lookup_dir(parent, entry) {
+    match tree.lookup_dir(path, entry) {
         Ok(dir) => Ok(Some(dir)),
         Err(ExtractError::Io { source, .. })
             if matches!(source.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) =>

@@ -16,6 +16,9 @@ pub struct LayerSummary {
     /// (layer 0) they can never be satisfied: callers should treat a non-empty list as an error there.
     pub deferred_hardlinks: Vec<DeferredHardlink>,
     /// Directories that had their own entry in the layer, in tar order (a later duplicate wins).
+    /// Directories absent from this list were only created as parents of other entries: the merge
+    /// writes their content through a symlink of an earlier layer at their path, while a listed
+    /// directory replaces such a symlink.
     pub directories: Vec<DirectoryMetadata>,
     /// Tar entries read, excluding pax/GNU extension headers.
     pub entries: u64,

@@ -188,24 +188,98 @@ fn directory_swapped_for_a_symlink_by_a_later_entry() {
 
 #[test]
 fn directory_swapped_for_a_symlink_by_a_later_layer() {
+    // Regression: a later layer writing beneath the symlink (with no directory entry of its own)
+    // follows it inside the root, like the same entries in one layer; climbing above the root is
+    // an escape naming the entry.
     let sandbox = Sandbox::new();
-    let base = Layer::new().dir("d", 0o755).dir("e", 0o755).bytes();
-    let swap = Layer::new().symlink("d", "../..").symlink("e", "/").bytes();
-    let write = Layer::new()
-        .file("d/x", 0o644, b"x")
-        .file("e/sentinel", 0o644, b"pwned")
+    let base = Layer::new()
+        .dir("d", 0o755)
+        .file("d/file", 0o644, b"x")
         .bytes();
+    let swap = Layer::new().symlink("d", "../..").bytes();
+    let write = Layer::new().file("d/sentinel", 0o644, b"pwned").bytes();
+    assert_escape(
+        sandbox.apply(&[base, swap, write], &plain_options()),
+        "d/sentinel",
+    );
+    sandbox.assert_untouched();
+
+    let sandbox = Sandbox::new();
+    let base = Layer::new().dir("e", 0o755).bytes();
+    let swap = Layer::new().symlink("e", "/").bytes();
+    let write = Layer::new().file("e/sentinel", 0o644, b"inside").bytes();
     sandbox
         .apply(&[base, swap, write], &plain_options())
         .unwrap();
-    // Overlay semantics: the later layer's directory replaces the symlink.
     assert_eq!(
         snapshot(&sandbox.root),
         vec![
-            node("d", 'd', 0o755, b""),
-            node("d/x", 'f', 0o644, b"x"),
-            node("e", 'd', 0o755, b""),
-            node("e/sentinel", 'f', 0o644, b"pwned"),
+            node("e", 'l', 0, b"/"),
+            node("sentinel", 'f', 0o644, b"inside"),
+        ]
+    );
+    sandbox.assert_untouched();
+}
+
+/// The symlink of an earlier layer, then entries beneath it: the merge fails exactly as the same
+/// entries in one layer do, naming the entry (descending through directories that have no entry
+/// of their own), and leaves everything outside alone.
+#[test]
+fn later_layer_through_a_symlink_of_an_earlier_layer_escapes() {
+    for (target, entry) in [
+        ("../..", "l/sentinel"),
+        ("..", "l/sentinel"),
+        ("../outside", "l/secret"),
+        ("/..", "l/x"),
+        ("a/../..", "l/deep/er/x"),
+    ] {
+        let single = Layer::new()
+            .symlink("l", target)
+            .file(entry, 0o644, b"pwned")
+            .bytes();
+        assert_escapes_in_root_and_staging(&single, entry);
+        let sandbox = Sandbox::new();
+        let base = Layer::new().symlink("l", target).bytes();
+        let layer = Layer::new().file(entry, 0o644, b"pwned").bytes();
+        assert_escape(sandbox.apply(&[base, layer], &plain_options()), entry);
+        sandbox.assert_untouched();
+    }
+    // Chained through a symlink of the root that climbs out.
+    let sandbox = Sandbox::new();
+    let base = Layer::new()
+        .symlink("a", "/b")
+        .symlink("b", "../../outside")
+        .bytes();
+    let layer = Layer::new().file("a/secret", 0o644, b"x").bytes();
+    assert_escape(sandbox.apply(&[base, layer], &plain_options()), "a/secret");
+    sandbox.assert_untouched();
+    // A symlink loop is ELOOP, not a replaced symlink.
+    let sandbox = Sandbox::new();
+    let base = Layer::new()
+        .symlink("loop1", "loop2")
+        .symlink("loop2", "loop1")
+        .bytes();
+    let layer = Layer::new().file("loop1/x", 0o644, b"x").bytes();
+    let error = sandbox.apply(&[base, layer], &plain_options()).unwrap_err();
+    assert!(
+        matches!(&error, ExtractError::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP)),
+        "{error}"
+    );
+    sandbox.assert_untouched();
+}
+
+#[test]
+fn later_layer_through_an_absolute_symlink_of_an_earlier_layer_lands_inside() {
+    let sandbox = Sandbox::new();
+    let base = Layer::new().symlink("l", "/").bytes();
+    let layer = Layer::new().file("l/etc/y", 0o644, b"inside").bytes();
+    sandbox.apply(&[base, layer], &plain_options()).unwrap();
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![
+            node("etc", 'd', 0o755, b""),
+            node("etc/y", 'f', 0o644, b"inside"),
+            node("l", 'l', 0, b"/"),
         ]
     );
     sandbox.assert_untouched();
@@ -247,6 +321,15 @@ fn hardlinks_whose_target_is_outside() {
     let base = Layer::new().symlink("l", "..").bytes();
     let layer = Layer::new().hardlink("h", "l/sentinel").bytes();
     assert_escape(sandbox.apply(&[base, layer], &plain_options()), "h");
+    sandbox.assert_untouched();
+    // A deferred hardlink whose own parent is a symlink of an earlier layer leading outside.
+    let sandbox = Sandbox::new();
+    let base = Layer::new()
+        .file("target", 0o644, b"t")
+        .symlink("l", "..")
+        .bytes();
+    let layer = Layer::new().hardlink("l/h", "target").bytes();
+    assert_escape(sandbox.apply(&[base, layer], &plain_options()), "l/h");
     sandbox.assert_untouched();
     // Through an absolute symlink: resolved inside the root.
     let sandbox = Sandbox::new();
@@ -307,10 +390,32 @@ fn whiteouts_aimed_outside() {
     );
     sandbox.assert_untouched();
 
-    // An opaque marker behind a symlink to the outside never empties the outside.
+    // An opaque marker behind a symlink to the outside never empties the outside: an escape, as
+    // in one layer; the symlink is kept.
+    let layer = Layer::new()
+        .symlink("o", "../outside")
+        .whiteout("o/.wh..wh..opq")
+        .bytes();
+    assert_escapes_in_root_and_staging(&layer, "o/.wh..wh..opq");
     let sandbox = Sandbox::new();
     let base = Layer::new().symlink("o", "../outside").bytes();
     let layer = Layer::new().whiteout("o/.wh..wh..opq").bytes();
+    assert_escape(
+        sandbox.apply(&[base, layer], &plain_options()),
+        "o/.wh..wh..opq",
+    );
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![node("o", 'l', 0, b"../outside")]
+    );
+    sandbox.assert_untouched();
+    // With a directory entry of its own the directory replaces the symlink and empties nothing.
+    let sandbox = Sandbox::new();
+    let base = Layer::new().symlink("o", "../outside").bytes();
+    let layer = Layer::new()
+        .dir("o", 0o755)
+        .whiteout("o/.wh..wh..opq")
+        .bytes();
     sandbox.apply(&[base, layer], &plain_options()).unwrap();
     assert_eq!(snapshot(&sandbox.root), vec![node("o", 'd', 0o755, b"")]);
     sandbox.assert_untouched();

@@ -3,11 +3,13 @@
 mod common;
 
 use std::fs;
+use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
 
 use common::{Layer, LongNames, MTIME, Sandbox, inode, is_root, node, os, plain_options, snapshot};
-use rpull_extract::{ExtractOptions, extract_layer, finalize_tree};
+use rpull_extract::{ExtractError, ExtractOptions, extract_layer, finalize_tree};
 use tar::EntryType;
 
 #[test]
@@ -78,7 +80,91 @@ fn truncated_stream_is_a_tar_error() {
     let sandbox = Sandbox::new();
     let layer = Layer::new().file("big", 0o644, &[7u8; 4096]).bytes();
     let error = extract_layer(&layer[..1024], &sandbox.root, &plain_options()).unwrap_err();
+    assert!(
+        matches!(&error, ExtractError::Tar { entry, .. } if entry == Path::new("big")),
+        "{error:?}"
+    );
     assert!(error.to_string().contains("big"), "{error}");
+}
+
+/// Yields `data`, then fails the way a truncated gzip stream does.
+struct FailingReader<'a> {
+    data: &'a [u8],
+}
+
+impl Read for FailingReader<'_> {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        if self.data.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "incomplete deflate stream",
+            ));
+        }
+        let count = buffer.len().min(self.data.len());
+        buffer[..count].copy_from_slice(&self.data[..count]);
+        self.data = &self.data[count..];
+        Ok(count)
+    }
+}
+
+/// Regression: a decoder error while reading a file's data was reported as a failure to write it.
+/// It is a tar (stream) error naming the entry, and the cause is printed once in a cause chain.
+#[test]
+fn decoder_error_in_file_data_is_a_tar_error_not_a_write_error() {
+    let sandbox = Sandbox::new();
+    let layer = Layer::new()
+        .file("small", 0o644, b"s")
+        .file("payload", 0o644, &[7u8; 200 * 1024])
+        .bytes();
+    let reader = FailingReader {
+        data: &layer[..layer.len() / 2],
+    };
+    let error = extract_layer(reader, &sandbox.root, &plain_options()).unwrap_err();
+    match &error {
+        ExtractError::Tar { entry, source } => {
+            assert_eq!(entry, Path::new("payload"));
+            assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof);
+        }
+        other => panic!("expected a tar error naming payload, got {other:?}"),
+    }
+    assert_eq!(
+        error.to_string(),
+        "reading the layer tar stream at entry payload"
+    );
+    let mut chain = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    assert_eq!(
+        chain,
+        "reading the layer tar stream at entry payload: incomplete deflate stream"
+    );
+}
+
+/// Display strings leave the cause to `source()`, so that a printed chain does not repeat it.
+#[test]
+fn error_messages_do_not_repeat_their_source() {
+    let sandbox = Sandbox::new();
+    let layer = Layer::new()
+        .file("file", 0o644, b"f")
+        .file("file/child", 0o644, b"c")
+        .bytes();
+    let error = extract_layer(layer.as_slice(), &sandbox.root, &plain_options()).unwrap_err();
+    let ExtractError::Io { source, .. } = &error else {
+        panic!("expected an Io error, got {error:?}");
+    };
+    assert!(!error.to_string().contains(&source.to_string()), "{error}");
+    assert!(error.to_string().contains("file/child"), "{error}");
+    // A header with a bad checksum before any entry: no entry to name.
+    let error = extract_layer(&[b'x'; 1024][..], &sandbox.root, &plain_options()).unwrap_err();
+    let ExtractError::Tar { entry, .. } = &error else {
+        panic!("expected a tar error, got {error:?}");
+    };
+    assert_eq!(entry, Path::new(""));
+    assert_eq!(error.to_string(), "reading the layer tar stream");
 }
 
 #[test]

@@ -5,8 +5,10 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use common::{Layer, Sandbox, inode, node, plain_options, snapshot};
+use rpull_extract::ExtractError;
 
 #[test]
 fn three_layers_on_a_base_give_the_exact_tree() {
@@ -180,4 +182,185 @@ fn deferred_hardlink_replaces_what_the_root_has() {
     let root = &sandbox.root;
     assert_eq!(inode(&root.join("link")), inode(&root.join("target")));
     assert_eq!(inode(&root.join("dirlink")), inode(&root.join("target")));
+}
+
+/// Regression (merged /usr): a later layer writing beneath a symlink of an earlier layer, with no
+/// directory entry of its own for it, writes through the symlink, which stays a symlink (docker,
+/// umoci). Relative, absolute and chained targets resolve inside the root; missing directories
+/// behind the symlink are created.
+#[test]
+fn later_layer_writes_through_a_symlink_of_an_earlier_layer() {
+    let sandbox = Sandbox::new();
+    let base = Layer::new()
+        .dir("usr", 0o755)
+        .dir("usr/lib", 0o755)
+        .file("usr/lib/libc.so", 0o755, b"libc")
+        .dir("usr/share", 0o755)
+        .symlink("usr/lib/share", "../share")
+        .symlink("lib", "usr/lib")
+        .symlink("lib64", "/usr/lib")
+        .symlink("dangling", "usr/missing")
+        .bytes();
+    let layer = Layer::new()
+        .file("lib/libfoo.so", 0o755, b"foo")
+        .file("lib64/ld.so", 0o755, b"ld")
+        .file("lib/share/doc", 0o644, b"doc") // a symlink behind a symlink
+        .file("lib/new/deeper/x", 0o644, b"x") // renamed in behind the symlink
+        .file("dangling/y", 0o644, b"y") // umoci creates the missing target too
+        .bytes();
+    let summaries = sandbox.apply(&[base, layer], &plain_options()).unwrap();
+    assert!(summaries[1].directories.is_empty());
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![
+            node("dangling", 'l', 0, b"usr/missing"),
+            node("lib", 'l', 0, b"usr/lib"),
+            node("lib64", 'l', 0, b"/usr/lib"),
+            node("usr", 'd', 0o755, b""),
+            node("usr/lib", 'd', 0o755, b""),
+            node("usr/lib/ld.so", 'f', 0o755, b"ld"),
+            node("usr/lib/libc.so", 'f', 0o755, b"libc"),
+            node("usr/lib/libfoo.so", 'f', 0o755, b"foo"),
+            node("usr/lib/new", 'd', 0o755, b""),
+            node("usr/lib/new/deeper", 'd', 0o755, b""),
+            node("usr/lib/new/deeper/x", 'f', 0o644, b"x"),
+            node("usr/lib/share", 'l', 0, b"../share"),
+            node("usr/missing", 'd', 0o755, b""),
+            node("usr/missing/y", 'f', 0o644, b"y"),
+            node("usr/share", 'd', 0o755, b""),
+            node("usr/share/doc", 'f', 0o644, b"doc"),
+        ]
+    );
+    sandbox.assert_untouched();
+}
+
+/// The same layers extracted as one layer give the same tree: the two paths agree.
+#[test]
+fn writing_through_a_symlink_agrees_with_one_layer() {
+    let base = Layer::new()
+        .dir("usr", 0o755)
+        .dir("usr/lib", 0o755)
+        .symlink("lib", "usr/lib");
+    let merged = Sandbox::new();
+    merged
+        .apply(
+            &[
+                base.bytes(),
+                Layer::new().file("lib/libfoo.so", 0o755, b"foo").bytes(),
+            ],
+            &plain_options(),
+        )
+        .unwrap();
+    let single = Sandbox::new();
+    let layer = Layer::new()
+        .dir("usr", 0o755)
+        .dir("usr/lib", 0o755)
+        .symlink("lib", "usr/lib")
+        .file("lib/libfoo.so", 0o755, b"foo")
+        .bytes();
+    single.apply(&[layer], &plain_options()).unwrap();
+    assert_eq!(snapshot(&merged.root), snapshot(&single.root));
+}
+
+/// A directory entry of its own replaces the symlink (moby's createTarFile removes a non-directory
+/// at a directory entry's path); the symlink's target is left alone, also by whiteouts and opaque
+/// markers beneath the new directory.
+#[test]
+fn an_explicit_directory_entry_replaces_a_symlink_of_an_earlier_layer() {
+    let sandbox = Sandbox::new();
+    let base = Layer::new()
+        .dir("usr", 0o755)
+        .dir("usr/lib", 0o755)
+        .file("usr/lib/libc.so", 0o755, b"libc")
+        .file("usr/lib/keep", 0o644, b"keep")
+        .dir("usr/lib/sub", 0o755)
+        .file("usr/lib/sub/keep", 0o644, b"keep")
+        .symlink("lib", "usr/lib")
+        .bytes();
+    let layer = Layer::new()
+        .dir("lib", 0o750)
+        .file("lib/own", 0o644, b"own")
+        .whiteout("lib/.wh.keep")
+        .whiteout("lib/sub/.wh..wh..opq")
+        .bytes();
+    sandbox.apply(&[base, layer], &plain_options()).unwrap();
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![
+            node("lib", 'd', 0o750, b""),
+            node("lib/own", 'f', 0o644, b"own"),
+            node("lib/sub", 'd', 0o755, b""),
+            node("usr", 'd', 0o755, b""),
+            node("usr/lib", 'd', 0o755, b""),
+            node("usr/lib/keep", 'f', 0o644, b"keep"),
+            node("usr/lib/libc.so", 'f', 0o755, b"libc"),
+            node("usr/lib/sub", 'd', 0o755, b""),
+            node("usr/lib/sub/keep", 'f', 0o644, b"keep"),
+        ]
+    );
+}
+
+/// Whiteouts, opaque markers and deferred hardlinks beneath a symlink of an earlier layer (with
+/// no directory entry in the later layer) resolve through it, as umoci does.
+#[test]
+fn whiteouts_opaque_markers_and_hardlinks_resolve_through_earlier_symlinks() {
+    let sandbox = Sandbox::new();
+    let base = Layer::new()
+        .dir("usr", 0o755)
+        .dir("usr/lib", 0o755)
+        .file("usr/lib/libc.so", 0o755, b"libc")
+        .file("usr/lib/gone", 0o644, b"gone")
+        .dir("usr/lib/cache", 0o755)
+        .file("usr/lib/cache/old", 0o644, b"old")
+        .symlink("lib", "usr/lib")
+        .symlink("lib64", "/usr/lib")
+        .bytes();
+    let layer = Layer::new()
+        .whiteout("lib/.wh.gone")
+        .whiteout("lib64/cache/.wh..wh..opq")
+        .file("lib/cache/new", 0o644, b"new")
+        .hardlink("lib/libc-alias", "lib64/libc.so")
+        .bytes();
+    let summaries = sandbox.apply(&[base, layer], &plain_options()).unwrap();
+    assert_eq!(summaries[1].deferred_hardlinks.len(), 1);
+    assert_eq!(
+        snapshot(&sandbox.root),
+        vec![
+            node("lib", 'l', 0, b"usr/lib"),
+            node("lib64", 'l', 0, b"/usr/lib"),
+            node("usr", 'd', 0o755, b""),
+            node("usr/lib", 'd', 0o755, b""),
+            node("usr/lib/cache", 'd', 0o755, b""),
+            node("usr/lib/cache/new", 'f', 0o644, b"new"),
+            node("usr/lib/libc-alias", 'f', 0o755, b"libc"),
+            node("usr/lib/libc.so", 'f', 0o755, b"libc"),
+        ]
+    );
+    let root = &sandbox.root;
+    assert_eq!(
+        inode(&root.join("usr/lib/libc-alias")),
+        inode(&root.join("usr/lib/libc.so"))
+    );
+    sandbox.assert_untouched();
+}
+
+/// Writing beneath a symlink of an earlier layer that leads to a file fails naming the entry, as
+/// docker (ENOTDIR) and umoci do; nothing is replaced.
+#[test]
+fn writing_through_a_symlink_to_a_file_is_invalid() {
+    let sandbox = Sandbox::new();
+    let base = Layer::new()
+        .file("file", 0o644, b"f")
+        .symlink("link", "file")
+        .bytes();
+    let layer = Layer::new().file("link/x", 0o644, b"x").bytes();
+    match sandbox.apply(&[base, layer], &plain_options()) {
+        Err(ExtractError::Invalid { entry, .. }) => assert_eq!(entry, Path::new("link/x")),
+        other => panic!("expected Invalid naming link/x, got {other:?}"),
+    }
+    assert_eq!(
+        fs::read_link(sandbox.root.join("link")).unwrap(),
+        Path::new("file")
+    );
+    sandbox.assert_untouched();
 }
