@@ -16,6 +16,7 @@
 //! ```
 
 mod channel_reader;
+mod decoded;
 mod error;
 mod events;
 mod options;

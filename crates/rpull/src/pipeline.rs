@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
 use crate::channel_reader::{ChannelReader, CountingReader};
+use crate::decoded::{DecodedSender, decoded_channel};
 use crate::staging::{DestinationState, Staging, destination_state};
 use crate::{LayerReport, LayerState, PullError, PullEvent, PullReport, Puller};
 
@@ -404,9 +405,9 @@ enum WorkerError {
     Extract(rpull_extract::ExtractError),
 }
 
-/// Runs on the layer's own thread: decode the stream and extract it into `target`. On failure
-/// it still reads the blob to its end, so the digest check (which explains most failures of a
-/// corrupted stream) gets to run.
+/// Runs on the layer's own thread: decode the stream (on a second, scoped thread, so decoding
+/// and extraction overlap) and extract it into `target`. On failure the blob is still read to
+/// its end, so the digest check (which explains most failures of a corrupted stream) gets to run.
 fn extract_worker(
     rx: mpsc::Receiver<Bytes>,
     codec: Codec,
@@ -417,35 +418,57 @@ fn extract_worker(
 ) -> Result<Extracted, WorkerError> {
     let started = Instant::now();
     let mut reader = ChannelReader::new(rx, cancel, runtime);
-    let result = (|| {
-        let decoder = rpull_decompress::decoder(codec, &mut reader).map_err(|e| match e {
-            rpull_decompress::DecompressError::Read(e) => WorkerError::Decompress(e),
-            other => WorkerError::Decompress(io::Error::other(other)),
-        })?;
-        let codec = decoder.codec();
-        let mut tar = CountingReader::new(decoder);
-        let summary = extract_layer(&mut tar, target, options).map_err(WorkerError::Extract)?;
-        // The rest of the tar (end-of-archive padding) and the codec's trailer (gzip CRC).
-        io::copy(&mut tar, &mut io::sink()).map_err(WorkerError::Decompress)?;
-        Ok((summary, tar.count(), codec))
-    })();
-    match result {
-        Ok((summary, uncompressed_bytes, codec)) => {
-            // A stream that continues after the end of the codec's data still has to reach the
-            // digest check whole.
-            let _ = reader.drain();
-            Ok(Extracted {
-                summary,
-                uncompressed_bytes,
-                codec,
-                seconds: started.elapsed().as_secs_f64(),
+    let (sender, decoded) = decoded_channel();
+    std::thread::scope(|scope| {
+        let decoding = std::thread::Builder::new()
+            .name("rpull-decode".into())
+            .spawn_scoped(scope, || {
+                let result = decode(codec, &mut reader, sender);
+                // A stream that continues after the codec's data, or that extraction stopped
+                // reading, still has to reach the digest check whole.
+                let _ = reader.drain();
+                result
             })
-        }
-        Err(e) => {
-            let _ = reader.drain();
-            Err(e)
-        }
-    }
+            .map_err(WorkerError::Decompress)?;
+
+        let mut tar = CountingReader::new(decoded);
+        let extracted = extract_layer(&mut tar, target, options).map(|summary| {
+            // End-of-archive padding and anything after it: the decoder must reach its end
+            // (and check the gzip CRC) before the layer counts as extracted.
+            let rest = io::copy(&mut tar, &mut io::sink());
+            (summary, rest)
+        });
+        let uncompressed_bytes = tar.count();
+        drop(tar);
+        let decoded = decoding
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        // The decoder's own error explains an extraction that ran out of bytes.
+        let codec = decoded?;
+        let (summary, rest) = extracted.map_err(WorkerError::Extract)?;
+        rest.map_err(WorkerError::Decompress)?;
+        Ok(Extracted {
+            summary,
+            uncompressed_bytes,
+            codec,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    })
+}
+
+/// The decode thread's work: sniff the codec, then decode everything into `sender`.
+fn decode(
+    codec: Codec,
+    reader: &mut ChannelReader,
+    sender: DecodedSender,
+) -> Result<Codec, WorkerError> {
+    let mut decoder = rpull_decompress::decoder(codec, reader).map_err(|e| match e {
+        rpull_decompress::DecompressError::Read(e) => WorkerError::Decompress(e),
+        other => WorkerError::Decompress(io::Error::other(other)),
+    })?;
+    let actual = decoder.codec();
+    sender.pump(&mut decoder).map_err(WorkerError::Decompress)?;
+    Ok(actual)
 }
 
 /// The pull's threads (extraction, merge, finalize). Dropping it cancels them and waits for
