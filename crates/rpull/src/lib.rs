@@ -17,6 +17,7 @@
 
 mod channel_reader;
 mod decoded;
+mod durability;
 mod error;
 mod events;
 mod options;
@@ -25,6 +26,7 @@ mod puller;
 mod report;
 mod staging;
 
+pub use durability::FsyncPolicy;
 pub use error::PullError;
 pub use events::{LayerState, PullEvent};
 pub use options::{DEFAULT_MAX_CONCURRENT_DOWNLOADS, PullOptions};

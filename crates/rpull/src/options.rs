@@ -1,6 +1,8 @@
 use rpull_extract::ExtractOptions;
 use rpull_registry::Platform;
 
+use crate::FsyncPolicy;
+
 /// What a pull does, apart from where it connects (that is the registry client's business).
 #[derive(Debug, Clone)]
 pub struct PullOptions {
@@ -13,6 +15,9 @@ pub struct PullOptions {
     pub force: bool,
     /// How layers are written (ownership, device nodes, I/O backend).
     pub extract: ExtractOptions,
+    /// When the tree is made durable; by default one `syncfs` at the end on a disk, none on
+    /// tmpfs.
+    pub fsync: FsyncPolicy,
 }
 
 /// The default for `--max-concurrent-downloads`. Docker's 3 leaves most of a multi-layer
@@ -27,6 +32,7 @@ impl Default for PullOptions {
             max_concurrent_downloads: DEFAULT_MAX_CONCURRENT_DOWNLOADS,
             force: false,
             extract: ExtractOptions::for_current_user(),
+            fsync: FsyncPolicy::Auto,
         }
     }
 }

@@ -20,8 +20,9 @@ use tracing::{Instrument, debug, info_span};
 
 use crate::channel_reader::{ChannelReader, CountingReader};
 use crate::decoded::{DecodedSender, decoded_channel};
+use crate::durability::{fsync_dir, syncfs};
 use crate::staging::{DestinationState, Staging, destination_state};
-use crate::{LayerReport, LayerState, PullError, PullEvent, PullReport, Puller};
+use crate::{FsyncPolicy, LayerReport, LayerState, PullError, PullEvent, PullReport, Puller};
 
 /// Chunks in flight between a download and its extraction thread. reqwest hands out chunks of
 /// up to a few tens of KiB, so this bounds a layer's buffered bytes to about a MiB.
@@ -78,6 +79,8 @@ pub(crate) async fn pull(
     // Drop order matters on error and cancellation: the tasks are aborted first, then the
     // threads are cancelled and joined, and only then is the staging directory removed.
     let staging = Staging::create(dest)?;
+    let fsync = options.fsync.resolve(&staging.rootfs());
+    let mut sync_seconds = 0.0;
     let threads = Threads::new();
     let mut tasks = JoinSet::new();
 
@@ -143,6 +146,9 @@ pub(crate) async fn pull(
                 digest: report.digest.clone(),
                 state: LayerState::Merged,
             });
+            if fsync == FsyncPolicy::Layer {
+                sync_seconds += sync(&threads, staging.rootfs(), false).await?;
+            }
             summaries.push(summary);
             layers.push(report);
         }
@@ -170,7 +176,18 @@ pub(crate) async fn pull(
             source,
         })?;
 
+    if matches!(fsync, FsyncPolicy::End | FsyncPolicy::Layer) {
+        sync_seconds += sync(&threads, staging.rootfs(), false).await?;
+    }
     staging.commit(dest, options.force)?;
+    if matches!(fsync, FsyncPolicy::End | FsyncPolicy::Layer) {
+        // The rename itself is durable once the directory holding DIR is.
+        let parent = std::path::absolute(dest)
+            .ok()
+            .and_then(|d| d.parent().map(Path::to_owned))
+            .unwrap_or_else(|| PathBuf::from("."));
+        sync_seconds += sync(&threads, parent, true).await?;
+    }
     puller.emit(PullEvent::Committed {
         path: dest.display().to_string(),
     });
@@ -187,7 +204,33 @@ pub(crate) async fn pull(
         uncompressed_bytes: layers.iter().map(|l| l.uncompressed_bytes).sum(),
         layers,
         seconds: started.elapsed().as_secs_f64(),
+        fsync,
+        sync_seconds,
     })
+}
+
+/// `syncfs` of the filesystem holding `path` (or, with `directory_only`, an `fsync` of the
+/// directory), on a thread of the pull; returns the seconds it took.
+async fn sync(threads: &Threads, path: PathBuf, directory_only: bool) -> Result<f64, PullError> {
+    threads
+        .spawner()
+        .spawn("rpull-sync", move || {
+            let started = Instant::now();
+            let result = if directory_only {
+                fsync_dir(&path)
+            } else {
+                syncfs(&path)
+            };
+            result
+                .map(|()| started.elapsed().as_secs_f64())
+                .map_err(|source| PullError::Io {
+                    action: "syncing",
+                    path,
+                    source,
+                })
+        })?
+        .await
+        .map_err(|_| threads.lost())?
 }
 
 struct LayerJob {

@@ -1,6 +1,8 @@
 use std::path::PathBuf;
 
 use rpull_registry::Digest;
+
+use crate::FsyncPolicy;
 use serde::Serialize;
 
 /// What a successful pull did.
@@ -22,6 +24,10 @@ pub struct PullReport {
     pub uncompressed_bytes: u64,
     /// Wall time of the whole pull, resolve to commit.
     pub seconds: f64,
+    /// The durability policy applied (`auto` resolved to `end` or `none`).
+    pub fsync: FsyncPolicy,
+    /// Seconds spent in `syncfs`/`fsync` (included in `seconds`).
+    pub sync_seconds: f64,
 }
 
 /// One layer of a [`PullReport`].
