@@ -1,122 +1,263 @@
-//! The seam between the extractor and the system calls that write regular files.
+//! The seam between the extractor and the system calls that create and write regular files.
 
 use std::ffi::CStr;
 use std::fmt::Debug;
 use std::io::{self, Read};
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
 
 use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use tracing::debug;
 
+use crate::error::{ExtractError, entry_path, io_error};
+use crate::metadata::{XattrPolicy, apply_fd_parts};
 use crate::options::IoBackendKind;
+use crate::remove::remove_all_at;
+use crate::summary::{Timestamp, Xattr};
+use crate::uring::UringBackend;
 
-/// Creates regular files and writes their data.
-///
-/// The extractor resolves and creates everything else itself (directories, symlinks, hardlinks,
-/// metadata); a backend only sees the hot path of a layer: `create_file`, `write_data`,
-/// `close_file` for every regular file, in tar order. The contract is chosen so that an io_uring
-/// backend can batch submissions:
-///
-/// * `create_file` returns a descriptor synchronously (the extractor applies owner, mode, xattrs and
-///   times through it right after `write_data`).
-/// * `write_data` reads the entry's data from `data` (the tar stream; it must consume it to the end
-///   before returning, because the next entry follows in the same stream) into buffers the backend
-///   owns, so it chooses write sizes. When it returns, later system calls on the descriptor must
-///   observe the data (metadata such as mtime and setuid bits is applied after it).
-/// * `close_file` may be deferred and batched; errors of deferred work are reported by `flush`.
-/// * `flush` is a barrier: every operation accepted so far is complete when it returns. The
-///   extractor calls it at the end of a layer.
-pub trait IoBackend: Debug + Send {
-    /// Creates `name` in the directory `parent`, which must not exist
-    /// (`O_CREAT|O_EXCL|O_NOFOLLOW`), writable, mode 0600 until the extractor sets the real one.
-    fn create_file(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd>;
-    /// Copies `data` to its end into `file`; returns the number of bytes written.
-    fn write_data(&mut self, file: BorrowedFd<'_>, data: &mut dyn Read) -> io::Result<u64>;
-    /// Closes a file created by `create_file`.
-    fn close_file(&mut self, file: OwnedFd) -> io::Result<()>;
-    /// Completes everything accepted so far.
-    fn flush(&mut self) -> io::Result<()>;
+/// Buffer size for file data: big files take few system calls, small files exactly one write.
+pub(crate) const BUFFER_SIZE: usize = 1 << 20;
+
+/// Flags of every regular file the extractor creates: it must not exist, and a symlink in its
+/// place is never followed.
+pub(crate) const CREATE_FLAGS: OFlags = OFlags::WRONLY
+    .union(OFlags::CREATE)
+    .union(OFlags::EXCL)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// The metadata a backend applies to a regular file once its data has landed.
+#[derive(Debug, Clone, Copy)]
+pub struct FileMetadata<'a> {
+    /// Permission bits including setuid/setgid/sticky, to apply after the data; `None` when the
+    /// file got its final mode when it was created ([`NewFile::create_mode`]).
+    pub mode: Option<u32>,
+    /// `(uid, gid)` to apply, after the data and before the mode (chown clears setuid/setgid);
+    /// `None` leaves the creator's.
+    pub owner: Option<(u32, u32)>,
+    /// Modification time (the access time is set to the same value); applied last, because any
+    /// later write would change it.
+    pub mtime: Timestamp,
+    /// Extended attributes, applied after the owner (chown clears `security.capability`).
+    pub xattrs: &'a [Xattr],
 }
 
-/// Plain blocking `openat`/`write`/`close`, filling a 1 MiB buffer before each write so that big
-/// files take few system calls and small files take exactly one write.
+/// One regular file for [`IoBackend::write_file`].
+#[derive(Debug, Clone, Copy)]
+pub struct NewFile<'a> {
+    /// The directory to create the file in. Shared so that a backend that defers work keeps the
+    /// directory open until that work is done without duplicating a descriptor per file.
+    pub parent: &'a Arc<OwnedFd>,
+    /// The final component (never `.`, `..` or containing `/`).
+    pub name: &'a CStr,
+    /// The entry's path inside the layer, for error messages.
+    pub entry: &'a [u8],
+    /// The size recorded in the tar header (a hint: `data` is read to its end).
+    pub size: u64,
+    /// The mode to create the file with (before the umask), e.g. `0o600` when the real mode is
+    /// applied afterwards.
+    pub create_mode: u32,
+    /// Owner, mode, xattrs and times, applied after the data.
+    pub metadata: FileMetadata<'a>,
+}
+
+/// Creates regular files, writes their data and applies their metadata.
+///
+/// The extractor resolves and creates everything else itself (directories, symlinks, hardlinks,
+/// devices); a backend only sees the hot path of a layer, one [`write_file`](Self::write_file) per
+/// regular file, in tar order. A backend may defer the work (queue it and complete it later, in
+/// batches); the contract keeps the extractor's view consistent:
+///
+/// * `write_file` consumes `data` to its end before returning (the next entry follows in the same
+///   stream), and reports a failure to read it as [`ExtractError::Tar`] naming the entry.
+/// * When the name exists (an earlier entry of the layer, or anything already in the target), what
+///   is there is removed first, recursively, as a later tar entry replaces an earlier one, and
+///   [`take_replaced`](Self::take_replaced) returns `true` afterwards: the extractor must forget
+///   cached directory descriptors.
+/// * The data lands before the metadata; the mtime is applied last.
+/// * Errors of deferred work name their entry and are returned by a later `write_file` or by
+///   `flush`. After an error the backend must not be used again (dropping it is fine).
+/// * [`flush`](Self::flush) is a barrier: every file accepted so far exists with its data and
+///   metadata when it returns. The extractor calls it before anything that could depend on a
+///   pending file (an operation on the same name, a hardlink, a removal, another directory, the
+///   end of the layer).
+pub trait IoBackend: Debug + Send {
+    /// Creates `file.name` in `file.parent` (`O_CREAT|O_EXCL|O_NOFOLLOW`), writes `data` to its
+    /// end into it and applies `file.metadata`, now or later. Returns the number of bytes read from
+    /// `data` (all of which are, or will be, written).
+    fn write_file(&mut self, file: &NewFile<'_>, data: &mut dyn Read) -> Result<u64, ExtractError>;
+    /// Completes everything accepted so far.
+    fn flush(&mut self) -> Result<(), ExtractError>;
+    /// Whether accepted files may still be incomplete (always `false` for a backend that does
+    /// everything in `write_file`).
+    fn has_pending(&self) -> bool;
+    /// Whether an existing entry was removed to create a file since the last call.
+    fn take_replaced(&mut self) -> bool;
+}
+
+/// Plain blocking `openat`/`write`/`fchown`/`fchmod`/`futimens`/`close`, filling a 1 MiB buffer
+/// before each write so that big files take few system calls and small files exactly one write.
 #[derive(Debug)]
 pub struct StdBackend {
     buffer: Vec<u8>,
+    xattrs: XattrPolicy,
+    replaced: bool,
 }
-
-const STD_BUFFER_SIZE: usize = 1 << 20;
 
 impl StdBackend {
-    /// A backend with its own 1 MiB buffer.
-    pub fn new() -> Self {
+    /// A backend with its own 1 MiB buffer. `chown` makes a refused `security.capability` xattr an
+    /// error (see [`ExtractOptions::chown`](crate::ExtractOptions::chown)).
+    pub fn new(chown: bool) -> Self {
         Self {
-            buffer: vec![0; STD_BUFFER_SIZE],
+            buffer: vec![0; BUFFER_SIZE],
+            xattrs: XattrPolicy::new(chown),
+            replaced: false,
         }
-    }
-}
-
-impl Default for StdBackend {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
 impl IoBackend for StdBackend {
-    fn create_file(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
-        let flags =
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        Ok(rustix::fs::openat(
-            parent,
-            name,
-            flags,
-            Mode::from_raw_mode(0o600),
-        )?)
-    }
-
-    fn write_data(&mut self, file: BorrowedFd<'_>, data: &mut dyn Read) -> io::Result<u64> {
+    fn write_file(&mut self, file: &NewFile<'_>, data: &mut dyn Read) -> Result<u64, ExtractError> {
+        let parent = file.parent.as_fd();
         let mut total = 0u64;
+        let fd = create_replacing(parent, file.name, file.create_mode, &mut self.replaced)
+            .map_err(|errno| io_error(file.entry, "creating file", errno))?;
         loop {
-            // Fill the buffer (a decoder upstream may hand out small pieces), then write it at once.
-            let mut filled = 0;
-            while filled < self.buffer.len() {
-                match data.read(&mut self.buffer[filled..]) {
-                    Ok(0) => break,
-                    Ok(read) => filled += read,
-                    Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                    Err(error) => return Err(error),
-                }
-            }
-            if filled == 0 {
-                return Ok(total);
-            }
-            let mut written = 0;
-            while written < filled {
-                match rustix::io::write(file, &self.buffer[written..filled]) {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(count) => written += count,
-                    Err(rustix::io::Errno::INTR) => {}
-                    Err(errno) => return Err(errno.into()),
-                }
-            }
+            let filled = fill(&mut self.buffer, data).map_err(|source| ExtractError::Tar {
+                entry: entry_path(file.entry),
+                source,
+            })?;
+            write_all(fd.as_fd(), &self.buffer[..filled])
+                .map_err(|errno| io_error(file.entry, "writing", errno))?;
             total += filled as u64;
             if filled < self.buffer.len() {
-                return Ok(total);
+                break;
             }
         }
+        apply_file_metadata(fd.as_fd(), &file.metadata, &mut self.xattrs, file.entry)?;
+        Ok(total)
     }
 
-    fn close_file(&mut self, file: OwnedFd) -> io::Result<()> {
-        drop(file);
+    fn flush(&mut self) -> Result<(), ExtractError> {
         Ok(())
     }
 
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+    fn has_pending(&self) -> bool {
+        false
+    }
+
+    fn take_replaced(&mut self) -> bool {
+        std::mem::take(&mut self.replaced)
     }
 }
 
-pub(crate) fn new_backend(kind: IoBackendKind) -> Box<dyn IoBackend> {
-    match kind {
-        IoBackendKind::Std => Box::new(StdBackend::new()),
+/// `openat(parent, name, CREATE_FLAGS, mode)`; when the name exists, removes what is there
+/// (recursively) and creates it again, setting `replaced`.
+pub(crate) fn create_replacing(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    mode: u32,
+    replaced: &mut bool,
+) -> Result<OwnedFd, Errno> {
+    let create = || rustix::fs::openat(parent, name, CREATE_FLAGS, Mode::from_raw_mode(mode));
+    match create() {
+        Err(Errno::EXIST) => {
+            debug!(name = ?name, "replacing an earlier entry of the same layer");
+            match remove_all_at(parent, name) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(errno) => return Err(errno),
+            }
+            *replaced = true;
+            create()
+        }
+        other => other,
+    }
+}
+
+/// Reads from `data` until `buffer` is full or the data ends; returns the bytes read.
+pub(crate) fn fill(buffer: &mut [u8], data: &mut dyn Read) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match data.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(read) => filled += read,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(filled)
+}
+
+/// `write` until all of `bytes` is written (at the file offset).
+pub(crate) fn write_all(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> Result<(), Errno> {
+    while !bytes.is_empty() {
+        match rustix::io::write(fd, bytes) {
+            Ok(0) => return Err(Errno::NOSPC),
+            Ok(count) => bytes = &bytes[count..],
+            Err(Errno::INTR) => {}
+            Err(errno) => return Err(errno),
+        }
+    }
+    Ok(())
+}
+
+/// Owner, mode, xattrs and times through the descriptor of a regular file whose data is written.
+pub(crate) fn apply_file_metadata(
+    fd: BorrowedFd<'_>,
+    metadata: &FileMetadata<'_>,
+    policy: &mut XattrPolicy,
+    entry: &[u8],
+) -> Result<(), ExtractError> {
+    apply_fd_parts(
+        fd,
+        metadata.mode,
+        metadata.owner,
+        metadata.xattrs,
+        metadata.mtime,
+        policy,
+        entry,
+    )
+}
+
+/// The backend for `kind`; `Auto` falls back to std (with a `debug!` line saying why) when
+/// io_uring is unavailable, while an explicit `Uring` fails.
+pub(crate) fn new_backend(
+    kind: IoBackendKind,
+    chown: bool,
+    target: &Path,
+) -> Result<Box<dyn IoBackend>, ExtractError> {
+    let (resolved, reason) = kind.resolve();
+    match resolved {
+        IoBackendKind::Uring => match UringBackend::new(chown) {
+            Ok(backend) => Ok(Box::new(backend)),
+            Err(error) if kind == IoBackendKind::Auto => {
+                debug!(%error, "io_uring backend could not be set up; using the std backend");
+                Ok(Box::new(StdBackend::new(chown)))
+            }
+            Err(error) => Err(io_error(
+                target.as_os_str().as_encoded_bytes(),
+                "setting up the io_uring backend for",
+                error,
+            )),
+        },
+        IoBackendKind::Auto | IoBackendKind::Std => {
+            if let Some(reason) = &reason {
+                debug!(%reason, "io_uring unavailable; using the std backend");
+            }
+            if kind == IoBackendKind::Uring {
+                return Err(io_error(
+                    target.as_os_str().as_encoded_bytes(),
+                    "setting up the io_uring backend for",
+                    io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        reason.unwrap_or_else(|| "io_uring is unavailable".to_owned()),
+                    ),
+                ));
+            }
+            Ok(Box::new(StdBackend::new(chown)))
+        }
     }
 }

@@ -11,9 +11,9 @@ use rustix::io::Errno;
 use tar::EntryType;
 use tracing::{debug, instrument, warn};
 
-use crate::backend::{IoBackend, new_backend};
+use crate::backend::{FileMetadata, IoBackend, NewFile, new_backend};
 use crate::error::{ExtractError, entry_path, escape, invalid, io_error};
-use crate::metadata::{EntryMetadata, XattrPolicy, apply_nofollow, apply_to_fd};
+use crate::metadata::{Creation, EntryMetadata, XattrPolicy, apply_nofollow};
 use crate::name::{normalize, split_parent};
 use crate::options::ExtractOptions;
 use crate::remove::remove_all_at;
@@ -37,10 +37,13 @@ pub fn extract_layer(
     target: &Path,
     options: &ExtractOptions,
 ) -> Result<LayerSummary, ExtractError> {
+    let tree = Tree::open(target)?;
+    let creation = Creation::probe(target, tree.root());
     let mut extractor = Extractor {
-        tree: Tree::open(target)?,
+        tree,
+        creation,
         options,
-        backend: new_backend(options.backend),
+        backend: new_backend(options.backend, options.chown, target)?,
         summary: LayerSummary::default(),
         xattrs: XattrPolicy::new(options.chown),
         metadata: EntryMetadata::default(),
@@ -62,13 +65,7 @@ pub fn extract_layer(
         })?;
         extractor.entry(&mut entry)?;
     }
-    extractor.backend.flush().map_err(|source| {
-        io_error(
-            target.as_os_str().as_encoded_bytes(),
-            "completing writes in",
-            source,
-        )
-    })?;
+    extractor.flush()?;
     let summary = extractor.summary;
     debug!(
         entries = summary.entries,
@@ -83,6 +80,8 @@ pub fn extract_layer(
 
 struct Extractor<'a> {
     tree: Tree,
+    /// What a new file gets without asking (skips `fchmod`/`fchown` that would change nothing).
+    creation: Creation,
     options: &'a ExtractOptions,
     backend: Box<dyn IoBackend>,
     summary: LayerSummary,
@@ -257,51 +256,45 @@ impl Extractor<'_> {
         parent: &[u8],
         name: &CStr,
     ) -> Result<(), ExtractError> {
-        let file = {
-            let dir = self.tree.parent_dir(parent, true, path)?;
-            match self.backend.create_file(dir, name) {
-                Ok(file) => file,
-                Err(error) if error.raw_os_error() == Some(libc::EEXIST) => {
-                    let backend = &mut self.backend;
-                    replace_with(&mut self.tree, parent, name, path, |dir| {
-                        backend
-                            .create_file(dir, name)
-                            .map_err(|error| Errno::from_io_error(&error).unwrap_or(Errno::IO))
-                    })?
-                }
-                Err(error) => return Err(io_error(path, "creating file", error)),
-            }
-        };
-        // A failure of the layer stream (truncated, a decoder error) is not a write error.
-        let mut data = ReadFailure {
-            inner: entry,
-            failed: false,
-        };
-        let written = self
-            .backend
-            .write_data(file.as_fd(), &mut data)
-            .map_err(|source| {
-                if data.failed {
-                    ExtractError::Tar {
-                        entry: entry_path(path),
-                        source,
-                    }
-                } else {
-                    io_error(path, "writing", source)
-                }
-            })?;
-        apply_to_fd(
-            file.as_fd(),
-            &self.metadata,
+        let size = entry.size();
+        let (create_mode, mode, owner) = self.creation.plan(
+            self.metadata.mode,
+            self.metadata.uid,
+            self.metadata.gid,
             self.options.chown,
-            &mut self.xattrs,
-            path,
-        )?;
-        self.backend
-            .close_file(file)
-            .map_err(|error| io_error(path, "closing", error))?;
+        );
+        let parent_dir = self.tree.shared_parent_dir(parent, true, path)?;
+        let file = NewFile {
+            parent: parent_dir,
+            name,
+            entry: path,
+            size,
+            create_mode,
+            metadata: FileMetadata {
+                mode,
+                owner,
+                mtime: self.metadata.mtime,
+                xattrs: &self.metadata.xattrs,
+            },
+        };
+        let written = self.backend.write_file(&file, entry)?;
+        if self.backend.take_replaced() {
+            // What was removed may have been a cached directory or a symlink on a cached path.
+            self.tree.invalidate();
+        }
         self.summary.files += 1;
         self.summary.bytes_written += written;
+        Ok(())
+    }
+
+    /// Completes everything the backend has pending (at the end of the layer: a pending file is
+    /// already created when `write_file` returns, and its data and metadata land through its own
+    /// descriptor, so no entry of the layer can depend on them).
+    fn flush(&mut self) -> Result<(), ExtractError> {
+        self.backend.flush()?;
+        if self.backend.take_replaced() {
+            self.tree.invalidate();
+        }
         Ok(())
     }
 
@@ -476,23 +469,6 @@ impl Extractor<'_> {
         operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>,
     ) -> Result<T, ExtractError> {
         replace_with(&mut self.tree, parent, name, path, operation)
-    }
-}
-
-/// An entry's data as handed to the backend, remembering whether reading it failed, so that a
-/// failure of the stream is told apart from a failure to write.
-struct ReadFailure<R> {
-    inner: R,
-    failed: bool,
-}
-
-impl<R: Read> Read for ReadFailure<R> {
-    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
-        self.inner.read(buffer).inspect_err(|error| {
-            if error.kind() != std::io::ErrorKind::Interrupted {
-                self.failed = true;
-            }
-        })
     }
 }
 

@@ -109,12 +109,10 @@ pub fn finalize_tree(
         };
         apply_fd_parts(
             dir.as_fd(),
-            directory.mode,
-            directory.uid,
-            directory.gid,
+            Some(directory.mode),
+            options.chown.then_some((directory.uid, directory.gid)),
             &directory.xattrs,
             directory.mtime,
-            options.chown,
             &mut policy,
             path,
         )?;

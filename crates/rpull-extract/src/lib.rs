@@ -16,8 +16,9 @@ mod options;
 mod remove;
 mod resolve;
 mod summary;
+mod uring;
 
-pub use backend::{IoBackend, StdBackend};
+pub use backend::{FileMetadata, IoBackend, NewFile, StdBackend};
 pub use error::ExtractError;
 pub use extract::extract_layer;
 pub use finalize::finalize_tree;
@@ -26,3 +27,4 @@ pub use options::{ExtractOptions, IoBackendKind};
 pub use summary::{
     DeferredHardlink, DirectoryMetadata, LayerSummary, MergeStats, Timestamp, Xattr,
 };
+pub use uring::UringBackend;

@@ -116,6 +116,67 @@ pub(crate) fn parse_pax_time(value: &[u8]) -> Option<Timestamp> {
     })
 }
 
+/// What a newly created regular file gets without being asked, so that `fchmod`/`fchown` calls
+/// that would change nothing are skipped (two of the five system calls of a small file).
+///
+/// A file created with mode `m` gets `m & !umask` unless its directory has a default ACL, and the
+/// creator's fsuid and fsgid unless its directory is setgid. Directories created while a layer is
+/// extracted are `0700` and never setgid, so checking the target directory once covers them all.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Creation {
+    /// `None` when the umask is unknown or a default ACL may override it: always `fchmod`.
+    umask: Option<u32>,
+    /// `None` when the target is setgid: always `fchown`.
+    owner: Option<(u32, u32)>,
+}
+
+impl Creation {
+    /// Inspects the process (umask from `/proc/self/status`, effective ids) and the target
+    /// directory (setgid bit, default ACL) once per layer.
+    pub(crate) fn probe(target: &std::path::Path, target_fd: BorrowedFd<'_>) -> Self {
+        let umask = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| {
+                let line = status.lines().find(|line| line.starts_with("Umask:"))?;
+                u32::from_str_radix(line["Umask:".len()..].trim(), 8).ok()
+            });
+        // A default ACL replaces the umask for new files (any answer but "none" counts as one).
+        let default_acl = !matches!(
+            rustix::fs::getxattr(target, "system.posix_acl_default", &mut [0u8; 0][..]),
+            Err(Errno::NODATA | Errno::NOTSUP)
+        );
+        let setgid = rustix::fs::fstat(target_fd)
+            .map(|stat| stat.st_mode & libc::S_ISGID != 0)
+            .unwrap_or(true);
+        Self {
+            umask: umask.filter(|_| !default_acl),
+            owner: (!setgid).then(|| {
+                (
+                    rustix::process::geteuid().as_raw(),
+                    rustix::process::getegid().as_raw(),
+                )
+            }),
+        }
+    }
+
+    /// `(mode to create with, mode still to apply, owner still to apply)` for a regular file that
+    /// should end up with `mode` and, when `chown`, `uid:gid`. Setuid/setgid/sticky bits are always
+    /// applied after the data (a write by an unprivileged process clears them, chown too).
+    pub(crate) fn plan(
+        &self,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        chown: bool,
+    ) -> (u32, Option<u32>, Option<(u32, u32)>) {
+        let owner = (chown && self.owner != Some((uid, gid))).then_some((uid, gid));
+        match self.umask {
+            Some(umask) if mode & 0o7000 == 0 && mode & umask == 0 => (mode, None, owner),
+            _ => (0o600, Some(mode), owner),
+        }
+    }
+}
+
 /// Decides what happens when the file system refuses an xattr, and warns once.
 #[derive(Debug)]
 pub(crate) struct XattrPolicy {
@@ -161,44 +222,24 @@ impl XattrPolicy {
 
 /// Owner (before the mode: chown clears setuid/setgid), mode, xattrs (after chown, which clears
 /// `security.capability`), times, all through the open descriptor of a regular file or directory.
-pub(crate) fn apply_to_fd(
-    fd: BorrowedFd<'_>,
-    metadata: &EntryMetadata,
-    chown: bool,
-    policy: &mut XattrPolicy,
-    entry: &[u8],
-) -> Result<(), ExtractError> {
-    apply_fd_parts(
-        fd,
-        metadata.mode,
-        metadata.uid,
-        metadata.gid,
-        &metadata.xattrs,
-        metadata.mtime,
-        chown,
-        policy,
-        entry,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
+/// `owner` is `None` when owners are not applied.
 pub(crate) fn apply_fd_parts(
     fd: BorrowedFd<'_>,
-    mode: u32,
-    uid: u32,
-    gid: u32,
+    mode: Option<u32>,
+    owner: Option<(u32, u32)>,
     xattrs: &[Xattr],
     mtime: Timestamp,
-    chown: bool,
     policy: &mut XattrPolicy,
     entry: &[u8],
 ) -> Result<(), ExtractError> {
-    if chown {
+    if let Some((uid, gid)) = owner {
         rustix::fs::fchown(fd, Some(uid_of(uid)), Some(gid_of(gid)))
             .map_err(|errno| io_error(entry, "changing owner of", errno))?;
     }
-    rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
-        .map_err(|errno| io_error(entry, "changing mode of", errno))?;
+    if let Some(mode) = mode {
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
+            .map_err(|errno| io_error(entry, "changing mode of", errno))?;
+    }
     for xattr in xattrs {
         if let Err(errno) =
             rustix::fs::fsetxattr(fd, xattr.name.as_slice(), &xattr.value, XattrFlags::empty())
@@ -208,6 +249,34 @@ pub(crate) fn apply_fd_parts(
     }
     rustix::fs::futimens(fd, &timestamps(mtime))
         .map_err(|errno| io_error(entry, "setting times of", errno))
+}
+
+/// `lsetxattr` of `name` in `dir`. There is no lsetxattrat before Linux 6.13: the file is named
+/// through our own directory descriptor in /proc (the magic link is ours; lsetxattr does not follow
+/// the final name).
+fn set_xattrs_nofollow(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    xattrs: &[Xattr],
+    policy: &mut XattrPolicy,
+    entry: &[u8],
+) -> Result<(), ExtractError> {
+    if xattrs.is_empty() {
+        return Ok(());
+    }
+    let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    path.extend_from_slice(name.to_bytes());
+    for xattr in xattrs {
+        if let Err(errno) = rustix::fs::lsetxattr(
+            path.as_slice(),
+            xattr.name.as_slice(),
+            &xattr.value,
+            XattrFlags::empty(),
+        ) {
+            policy.refused(entry, &xattr.name, errno)?;
+        }
+    }
+    Ok(())
 }
 
 /// Owner, xattrs and times of `name` in `dir` without following it (symlinks, device nodes).
@@ -229,22 +298,7 @@ pub(crate) fn apply_nofollow(
         )
         .map_err(|errno| io_error(entry, "changing owner of", errno))?;
     }
-    if !metadata.xattrs.is_empty() {
-        // There is no lsetxattrat before Linux 6.13: name the file through our own directory
-        // descriptor in /proc (the magic link is ours; lsetxattr does not follow the final name).
-        let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
-        path.extend_from_slice(name.to_bytes());
-        for xattr in &metadata.xattrs {
-            if let Err(errno) = rustix::fs::lsetxattr(
-                path.as_slice(),
-                xattr.name.as_slice(),
-                &xattr.value,
-                XattrFlags::empty(),
-            ) {
-                policy.refused(entry, &xattr.name, errno)?;
-            }
-        }
-    }
+    set_xattrs_nofollow(dir, name, &metadata.xattrs, policy, entry)?;
     rustix::fs::utimensat(dir, name, &metadata.timestamps(), AtFlags::SYMLINK_NOFOLLOW)
         .map_err(|errno| io_error(entry, "setting times of", errno))
 }

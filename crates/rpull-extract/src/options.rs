@@ -1,10 +1,32 @@
-/// Which [`IoBackend`](crate::IoBackend) writes file data.
+/// Which [`IoBackend`](crate::IoBackend) writes regular files.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum IoBackendKind {
-    /// Blocking `write(2)` calls with large buffers ([`StdBackend`](crate::StdBackend)).
+    /// Blocking system calls with large buffers ([`StdBackend`](crate::StdBackend)).
     #[default]
     Std,
+    /// io_uring: file creation, writes and closes batched into few submissions
+    /// ([`UringBackend`](crate::UringBackend)). Extraction fails when io_uring is unavailable.
+    Uring,
+    /// [`Uring`](Self::Uring) when io_uring is available (probed once per process: ring setup and
+    /// the operations the backend needs), [`Std`](Self::Std) otherwise.
+    Auto,
+}
+
+impl IoBackendKind {
+    /// The backend that will actually be used, and why io_uring is not when it was asked for
+    /// (`Auto` or `Uring`) and is unavailable: `ENOSYS` (kernel without io_uring), `EPERM` (seccomp,
+    /// `/proc/sys/kernel/io_uring_disabled`), missing operations (kernel older than 5.19). An
+    /// explicit `Uring` that resolves to `Std` makes extraction fail with that reason.
+    pub fn resolve(self) -> (IoBackendKind, Option<String>) {
+        match self {
+            IoBackendKind::Std => (IoBackendKind::Std, None),
+            IoBackendKind::Uring | IoBackendKind::Auto => match crate::uring::availability() {
+                Ok(()) => (IoBackendKind::Uring, None),
+                Err(reason) => (IoBackendKind::Std, Some(reason.clone())),
+            },
+        }
+    }
 }
 
 /// How layers are applied.

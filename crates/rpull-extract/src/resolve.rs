@@ -11,6 +11,7 @@ use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -34,10 +35,12 @@ const DIR_PATH_FLAGS: OFlags = OFlags::PATH.union(OFlags::DIRECTORY).union(OFlag
 /// removes or replaces an existing path must call [`Tree::invalidate`].
 #[derive(Debug)]
 pub(crate) struct Tree {
-    root: OwnedFd,
+    /// Shared (like the cached directories) so that an io backend can keep a parent open until its
+    /// deferred work there is done, without a `dup` per file.
+    root: Arc<OwnedFd>,
     cached_path: Vec<u8>,
     /// (end of this directory's path in `cached_path`, its descriptor)
-    cached: Vec<(usize, OwnedFd)>,
+    cached: Vec<(usize, Arc<OwnedFd>)>,
 }
 
 impl Tree {
@@ -46,7 +49,7 @@ impl Tree {
             io_error(root.as_os_str().as_bytes(), "opening root directory", errno)
         })?;
         Ok(Self {
-            root: fd,
+            root: Arc::new(fd),
             cached_path: Vec::new(),
             cached: Vec::new(),
         })
@@ -70,8 +73,18 @@ impl Tree {
         create: bool,
         entry: &[u8],
     ) -> Result<BorrowedFd<'_>, ExtractError> {
+        Ok(self.shared_parent_dir(dir, create, entry)?.as_fd())
+    }
+
+    /// [`Tree::parent_dir`] as a shared descriptor.
+    pub(crate) fn shared_parent_dir(
+        &mut self,
+        dir: &[u8],
+        create: bool,
+        entry: &[u8],
+    ) -> Result<&Arc<OwnedFd>, ExtractError> {
         if dir.is_empty() {
-            return Ok(self.root.as_fd());
+            return Ok(&self.root);
         }
         // Keep the deepest cached directory that is a prefix of `dir`.
         while let Some(&(end, _)) = self.cached.last() {
@@ -86,11 +99,7 @@ impl Tree {
         let mut start = self.cached.last().map_or(0, |&(end, _)| end);
         self.cached_path.truncate(start);
         if start == dir.len() {
-            return Ok(self
-                .cached
-                .last()
-                .map(|(_, fd)| fd.as_fd())
-                .unwrap_or(self.root.as_fd()));
+            return Ok(self.cached.last().map_or(&self.root, |(_, fd)| fd));
         }
         if start > 0 {
             start += 1; // skip the '/'
@@ -113,14 +122,10 @@ impl Tree {
                 self.cached_path.push(b'/');
             }
             self.cached_path.extend_from_slice(component);
-            self.cached.push((end, fd));
+            self.cached.push((end, Arc::new(fd)));
             start = end + 1;
         }
-        Ok(self
-            .cached
-            .last()
-            .map(|(_, fd)| fd.as_fd())
-            .unwrap_or(self.root.as_fd()))
+        Ok(self.cached.last().map_or(&self.root, |(_, fd)| fd))
     }
 
     /// Like [`Tree::parent_dir`] without creating anything or touching the cache (hardlink targets,

@@ -2,6 +2,22 @@
 
 mod common;
 
+backend_tests!(
+    names_climbing_above_the_root,
+    long_hostile_names_via_pax_and_gnu,
+    absolute_names_land_inside_the_root,
+    relative_symlink_escapes,
+    absolute_symlinks_resolve_inside_the_root,
+    chained_symlinks,
+    directory_swapped_for_a_symlink_by_a_later_entry,
+    directory_swapped_for_a_symlink_by_a_later_layer,
+    later_layer_through_a_symlink_of_an_earlier_layer_escapes,
+    later_layer_through_an_absolute_symlink_of_an_earlier_layer_lands_inside,
+    writing_over_a_symlink_replaces_it,
+    hardlinks_whose_target_is_outside,
+    whiteouts_aimed_outside,
+);
+
 use std::fs;
 
 use common::{Layer, Sandbox, assert_escape, node, os, plain_options, snapshot};
@@ -20,7 +36,6 @@ fn assert_escapes_in_root_and_staging(layer: &[u8], entry: &str) {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn names_climbing_above_the_root() {
     for name in [
         "../x",
@@ -45,7 +60,6 @@ fn names_climbing_above_the_root() {
     }
 }
 
-#[test]
 fn long_hostile_names_via_pax_and_gnu() {
     let name = format!("{}{}x", "a/".repeat(40), "../".repeat(41));
     let layer = Layer::new().file(&name, 0o644, b"x").bytes();
@@ -56,7 +70,6 @@ fn long_hostile_names_via_pax_and_gnu() {
     assert_escapes_in_root_and_staging(&layer, &name);
 }
 
-#[test]
 fn absolute_names_land_inside_the_root() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -69,7 +82,6 @@ fn absolute_names_land_inside_the_root() {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn relative_symlink_escapes() {
     for (target, entry) in [
         ("../../..", "link/file"),
@@ -90,7 +102,6 @@ fn relative_symlink_escapes() {
     }
 }
 
-#[test]
 fn absolute_symlinks_resolve_inside_the_root() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -119,7 +130,6 @@ fn absolute_symlinks_resolve_inside_the_root() {
     assert_escapes_in_root_and_staging(&layer, "up/x");
 }
 
-#[test]
 fn chained_symlinks() {
     let layer = Layer::new()
         .symlink("a", "b")
@@ -160,7 +170,6 @@ fn chained_symlinks() {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn directory_swapped_for_a_symlink_by_a_later_entry() {
     // The parent-directory cache must not keep using the replaced directory.
     let layer = Layer::new()
@@ -186,7 +195,6 @@ fn directory_swapped_for_a_symlink_by_a_later_entry() {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn directory_swapped_for_a_symlink_by_a_later_layer() {
     // Regression: a later layer writing beneath the symlink (with no directory entry of its own)
     // follows it inside the root, like the same entries in one layer; climbing above the root is
@@ -224,7 +232,6 @@ fn directory_swapped_for_a_symlink_by_a_later_layer() {
 /// The symlink of an earlier layer, then entries beneath it: the merge fails exactly as the same
 /// entries in one layer do, naming the entry (descending through directories that have no entry
 /// of their own), and leaves everything outside alone.
-#[test]
 fn later_layer_through_a_symlink_of_an_earlier_layer_escapes() {
     for (target, entry) in [
         ("../..", "l/sentinel"),
@@ -268,7 +275,6 @@ fn later_layer_through_a_symlink_of_an_earlier_layer_escapes() {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn later_layer_through_an_absolute_symlink_of_an_earlier_layer_lands_inside() {
     let sandbox = Sandbox::new();
     let base = Layer::new().symlink("l", "/").bytes();
@@ -285,7 +291,6 @@ fn later_layer_through_an_absolute_symlink_of_an_earlier_layer_lands_inside() {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn writing_over_a_symlink_replaces_it() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -304,7 +309,6 @@ fn writing_over_a_symlink_replaces_it() {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn hardlinks_whose_target_is_outside() {
     let layer = Layer::new().hardlink("h", "../../etc/passwd").bytes();
     assert_escapes_in_root_and_staging(&layer, "h");
@@ -347,7 +351,6 @@ fn hardlinks_whose_target_is_outside() {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn whiteouts_aimed_outside() {
     let layer = Layer::new().whiteout("../.wh.sentinel").bytes();
     assert_escapes_in_root_and_staging(&layer, "../.wh.sentinel");

@@ -2,6 +2,27 @@
 
 mod common;
 
+backend_tests!(
+    files_dirs_symlinks_and_hardlinks,
+    empty_layers,
+    truncated_stream_is_a_tar_error,
+    decoder_error_in_file_data_is_a_tar_error_not_a_write_error,
+    error_messages_do_not_repeat_their_source,
+    long_names_and_link_names_pax_and_gnu,
+    non_utf8_names_end_to_end,
+    permission_bits_including_setuid_setgid_sticky,
+    mtimes_of_files_symlinks_and_directories,
+    read_only_directories_still_receive_children,
+    owners_when_chown,
+    xattrs_from_pax_records,
+    special_files_created_or_skipped,
+    later_entries_replace_earlier_ones_within_a_layer,
+    whiteouts_and_opaque_markers_are_recorded_not_created,
+    hardlink_to_a_file_of_an_earlier_layer_is_deferred,
+    a_later_entry_cancels_a_deferred_hardlink,
+    root_directory_entry_metadata,
+);
+
 use std::fs;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -12,7 +33,6 @@ use common::{Layer, LongNames, MTIME, Sandbox, inode, is_root, node, os, plain_o
 use rpull_extract::{ExtractError, ExtractOptions, extract_layer, finalize_tree};
 use tar::EntryType;
 
-#[test]
 fn files_dirs_symlinks_and_hardlinks() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -59,7 +79,6 @@ fn files_dirs_symlinks_and_hardlinks() {
     assert_eq!(summary.directories.len(), 1, "only etc/ had its own entry");
 }
 
-#[test]
 fn empty_layers() {
     let sandbox = Sandbox::new();
     // A tar with only the end-of-archive blocks, and a completely empty stream.
@@ -75,7 +94,6 @@ fn empty_layers() {
     assert!(snapshot(&sandbox.root).is_empty());
 }
 
-#[test]
 fn truncated_stream_is_a_tar_error() {
     let sandbox = Sandbox::new();
     let layer = Layer::new().file("big", 0o644, &[7u8; 4096]).bytes();
@@ -109,7 +127,6 @@ impl Read for FailingReader<'_> {
 
 /// Regression: a decoder error while reading a file's data was reported as a failure to write it.
 /// It is a tar (stream) error naming the entry, and the cause is printed once in a cause chain.
-#[test]
 fn decoder_error_in_file_data_is_a_tar_error_not_a_write_error() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -145,7 +162,6 @@ fn decoder_error_in_file_data_is_a_tar_error_not_a_write_error() {
 }
 
 /// Display strings leave the cause to `source()`, so that a printed chain does not repeat it.
-#[test]
 fn error_messages_do_not_repeat_their_source() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -167,7 +183,6 @@ fn error_messages_do_not_repeat_their_source() {
     assert_eq!(error.to_string(), "reading the layer tar stream");
 }
 
-#[test]
 fn long_names_and_link_names_pax_and_gnu() {
     for style in [LongNames::Pax, LongNames::Gnu] {
         let sandbox = Sandbox::new();
@@ -207,7 +222,6 @@ fn long_names_and_link_names_pax_and_gnu() {
     }
 }
 
-#[test]
 fn non_utf8_names_end_to_end() {
     let sandbox = Sandbox::new();
     let mut layer = Layer::new();
@@ -260,10 +274,9 @@ fn non_utf8_names_end_to_end() {
     );
 }
 
-#[test]
 fn permission_bits_including_setuid_setgid_sticky() {
     let sandbox = Sandbox::new();
-    let options = ExtractOptions::for_current_user();
+    let options = common::options();
     let layer = Layer::new()
         .file("setuid", 0o4755, b"x")
         .file("setgid", 0o2755, b"x")
@@ -291,7 +304,6 @@ fn permission_bits_including_setuid_setgid_sticky() {
     assert_eq!(mode("tmp"), 0o1777);
 }
 
-#[test]
 fn mtimes_of_files_symlinks_and_directories() {
     let sandbox = Sandbox::new();
     let mut layer = Layer::new();
@@ -322,7 +334,6 @@ fn mtimes_of_files_symlinks_and_directories() {
     );
 }
 
-#[test]
 fn read_only_directories_still_receive_children() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -353,7 +364,6 @@ fn read_only_directories_still_receive_children() {
     fs::set_permissions(sandbox.root.join("ro"), fs::Permissions::from_mode(0o700)).unwrap();
 }
 
-#[test]
 fn owners_when_chown() {
     if !is_root() {
         eprintln!("skipping owners_when_chown: needs euid 0 to chown");
@@ -362,7 +372,7 @@ fn owners_when_chown() {
     let sandbox = Sandbox::new();
     let options = ExtractOptions {
         chown: true,
-        ..ExtractOptions::for_current_user()
+        ..common::options()
     };
     let mut layer = Layer::new();
     let mut entry = |kind, name: &[u8], link: Option<&[u8]>, mode| {
@@ -400,7 +410,6 @@ fn owners_when_chown() {
     assert_eq!(mode("dir"), 0o2775);
 }
 
-#[test]
 fn xattrs_from_pax_records() {
     let sandbox = Sandbox::new();
     // A v2 file capability: cap_net_raw (bit 13) permitted + effective.
@@ -434,7 +443,7 @@ fn xattrs_from_pax_records() {
             &[("SCHILY.xattr.security.capability", capability)],
         );
     }
-    let options = ExtractOptions::for_current_user();
+    let options = common::options();
     let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &options).unwrap();
     finalize_tree(&sandbox.root, &[summary], &options).unwrap();
     let get = |name: &str, xattr: &str| {
@@ -458,7 +467,6 @@ fn xattrs_from_pax_records() {
     }
 }
 
-#[test]
 fn special_files_created_or_skipped() {
     let build = || {
         let mut layer = Layer::new();
@@ -493,7 +501,7 @@ fn special_files_created_or_skipped() {
     let sandbox = Sandbox::new();
     let options = ExtractOptions {
         special_files: true,
-        ..ExtractOptions::for_current_user()
+        ..common::options()
     };
     let summary = extract_layer(build().as_slice(), &sandbox.root, &options).unwrap();
     assert_eq!(
@@ -508,7 +516,6 @@ fn special_files_created_or_skipped() {
     assert_eq!(null.rdev(), rustix::fs::makedev(1, 3));
 }
 
-#[test]
 fn later_entries_replace_earlier_ones_within_a_layer() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -555,7 +562,6 @@ fn later_entries_replace_earlier_ones_within_a_layer() {
     );
 }
 
-#[test]
 fn whiteouts_and_opaque_markers_are_recorded_not_created() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()
@@ -582,7 +588,6 @@ fn whiteouts_and_opaque_markers_are_recorded_not_created() {
     );
 }
 
-#[test]
 fn hardlink_to_a_file_of_an_earlier_layer_is_deferred() {
     let sandbox = Sandbox::new();
     let staging = sandbox.staging(1);
@@ -603,7 +608,6 @@ fn hardlink_to_a_file_of_an_earlier_layer_is_deferred() {
     );
 }
 
-#[test]
 fn a_later_entry_cancels_a_deferred_hardlink() {
     let sandbox = Sandbox::new();
     let staging = sandbox.staging(1);
@@ -616,7 +620,6 @@ fn a_later_entry_cancels_a_deferred_hardlink() {
     assert_eq!(fs::read(staging.join("x")).unwrap(), b"mine");
 }
 
-#[test]
 fn root_directory_entry_metadata() {
     let sandbox = Sandbox::new();
     let layer = Layer::new()

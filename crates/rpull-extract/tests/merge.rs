@@ -3,6 +3,20 @@
 
 mod common;
 
+backend_tests!(
+    three_layers_on_a_base_give_the_exact_tree,
+    staged_hardlinks_keep_their_identity_through_rename,
+    opaque_root_directory_hides_everything_below,
+    whiteout_of_something_absent_is_ignored,
+    a_whiteout_and_an_entry_for_the_same_path_in_one_layer_keep_the_entry,
+    deferred_hardlink_replaces_what_the_root_has,
+    later_layer_writes_through_a_symlink_of_an_earlier_layer,
+    writing_through_a_symlink_agrees_with_one_layer,
+    an_explicit_directory_entry_replaces_a_symlink_of_an_earlier_layer,
+    whiteouts_opaque_markers_and_hardlinks_resolve_through_earlier_symlinks,
+    writing_through_a_symlink_to_a_file_is_invalid,
+);
+
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -10,7 +24,6 @@ use std::path::Path;
 use common::{Layer, Sandbox, inode, node, plain_options, snapshot};
 use rpull_extract::ExtractError;
 
-#[test]
 fn three_layers_on_a_base_give_the_exact_tree() {
     let sandbox = Sandbox::new();
     let base = Layer::new()
@@ -97,7 +110,6 @@ fn three_layers_on_a_base_give_the_exact_tree() {
     sandbox.assert_untouched();
 }
 
-#[test]
 fn staged_hardlinks_keep_their_identity_through_rename() {
     let sandbox = Sandbox::new();
     let base = Layer::new().dir("usr", 0o755).bytes();
@@ -115,7 +127,6 @@ fn staged_hardlinks_keep_their_identity_through_rename() {
     assert_eq!(fs::metadata(root.join("usr/libc-top")).unwrap().nlink(), 3);
 }
 
-#[test]
 fn opaque_root_directory_hides_everything_below() {
     let sandbox = Sandbox::new();
     let base = Layer::new()
@@ -131,7 +142,6 @@ fn opaque_root_directory_hides_everything_below() {
     assert_eq!(snapshot(&sandbox.root), vec![node("c", 'f', 0o644, b"c")]);
 }
 
-#[test]
 fn whiteout_of_something_absent_is_ignored() {
     let sandbox = Sandbox::new();
     let base = Layer::new().file("a", 0o644, b"a").bytes();
@@ -144,7 +154,6 @@ fn whiteout_of_something_absent_is_ignored() {
     assert_eq!(snapshot(&sandbox.root), vec![node("a", 'f', 0o644, b"a")]);
 }
 
-#[test]
 fn a_whiteout_and_an_entry_for_the_same_path_in_one_layer_keep_the_entry() {
     let sandbox = Sandbox::new();
     let base = Layer::new()
@@ -166,7 +175,6 @@ fn a_whiteout_and_an_entry_for_the_same_path_in_one_layer_keep_the_entry() {
     );
 }
 
-#[test]
 fn deferred_hardlink_replaces_what_the_root_has() {
     let sandbox = Sandbox::new();
     let base = Layer::new()
@@ -188,7 +196,6 @@ fn deferred_hardlink_replaces_what_the_root_has() {
 /// directory entry of its own for it, writes through the symlink, which stays a symlink (docker,
 /// umoci). Relative, absolute and chained targets resolve inside the root; missing directories
 /// behind the symlink are created.
-#[test]
 fn later_layer_writes_through_a_symlink_of_an_earlier_layer() {
     let sandbox = Sandbox::new();
     let base = Layer::new()
@@ -235,7 +242,6 @@ fn later_layer_writes_through_a_symlink_of_an_earlier_layer() {
 }
 
 /// The same layers extracted as one layer give the same tree: the two paths agree.
-#[test]
 fn writing_through_a_symlink_agrees_with_one_layer() {
     let base = Layer::new()
         .dir("usr", 0o755)
@@ -265,7 +271,6 @@ fn writing_through_a_symlink_agrees_with_one_layer() {
 /// A directory entry of its own replaces the symlink (moby's createTarFile removes a non-directory
 /// at a directory entry's path); the symlink's target is left alone, also by whiteouts and opaque
 /// markers beneath the new directory.
-#[test]
 fn an_explicit_directory_entry_replaces_a_symlink_of_an_earlier_layer() {
     let sandbox = Sandbox::new();
     let base = Layer::new()
@@ -302,7 +307,6 @@ fn an_explicit_directory_entry_replaces_a_symlink_of_an_earlier_layer() {
 
 /// Whiteouts, opaque markers and deferred hardlinks beneath a symlink of an earlier layer (with
 /// no directory entry in the later layer) resolve through it, as umoci does.
-#[test]
 fn whiteouts_opaque_markers_and_hardlinks_resolve_through_earlier_symlinks() {
     let sandbox = Sandbox::new();
     let base = Layer::new()
@@ -346,7 +350,6 @@ fn whiteouts_opaque_markers_and_hardlinks_resolve_through_earlier_symlinks() {
 
 /// Writing beneath a symlink of an earlier layer that leads to a file fails naming the entry, as
 /// docker (ENOTDIR) and umoci do; nothing is replaced.
-#[test]
 fn writing_through_a_symlink_to_a_file_is_invalid() {
     let sandbox = Sandbox::new();
     let base = Layer::new()

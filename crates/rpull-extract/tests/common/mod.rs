@@ -8,8 +8,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use std::cell::Cell;
+
 use rpull_extract::{
-    ExtractError, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
+    ExtractError, ExtractOptions, IoBackendKind, LayerSummary, extract_layer, finalize_tree,
+    merge_layer,
 };
 use tar::{EntryType, Header};
 
@@ -352,12 +355,58 @@ pub fn os(bytes: &[u8]) -> &Path {
     Path::new(OsStr::from_bytes(bytes))
 }
 
+thread_local! {
+    /// The backend of the test running on this thread (see [`backend_tests!`]).
+    static BACKEND: Cell<IoBackendKind> = const { Cell::new(IoBackendKind::Std) };
+}
+
+/// Runs `test` with [`options`] and [`plain_options`] selecting `backend`. io_uring being
+/// unavailable (seccomp, `kernel.io_uring_disabled`) skips the uring variant loudly.
+pub fn with_backend(backend: IoBackendKind, test: fn()) {
+    if let (IoBackendKind::Std, Some(reason)) = backend.resolve()
+        && backend == IoBackendKind::Uring
+    {
+        eprintln!("skipping the io_uring variant: {reason}");
+        return;
+    }
+    BACKEND.with(|cell| cell.set(backend));
+    test();
+}
+
+/// Turns each named test function (no `#[test]` of its own) into a module with one test per
+/// backend, `NAME::std` and `NAME::uring`: every extraction test runs on both.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn std() {
+                    $crate::common::with_backend(rpull_extract::IoBackendKind::Std, super::$name);
+                }
+                #[test]
+                fn uring() {
+                    $crate::common::with_backend(rpull_extract::IoBackendKind::Uring, super::$name);
+                }
+            }
+        )*
+    };
+}
+
+/// The options of the current user, with the backend of the running test.
+pub fn options() -> ExtractOptions {
+    ExtractOptions {
+        backend: BACKEND.with(Cell::get),
+        ..ExtractOptions::for_current_user()
+    }
+}
+
 /// Options for tests that must behave the same as root and as a normal user.
 pub fn plain_options() -> ExtractOptions {
     ExtractOptions {
         chown: false,
         special_files: false,
-        ..ExtractOptions::for_current_user()
+        ..options()
     }
 }
 
