@@ -13,6 +13,7 @@ mod error;
 mod manifest;
 mod platform;
 mod push;
+mod ranged;
 mod reference;
 mod transport;
 
@@ -27,4 +28,5 @@ pub use manifest::{
     MEDIA_TYPE_OCI_MANIFEST, ResolvedImage,
 };
 pub use platform::{Platform, PlatformError};
+pub use ranged::split_ranges;
 pub use reference::{DOCKER_HUB, DOCKER_HUB_API_HOST, Reference, ReferenceError};

@@ -29,7 +29,7 @@ mod staging;
 pub use durability::FsyncPolicy;
 pub use error::PullError;
 pub use events::{LayerState, PullEvent};
-pub use options::{DEFAULT_MAX_CONCURRENT_DOWNLOADS, PullOptions};
+pub use options::{DEFAULT_CONNECTIONS_PER_BLOB, DEFAULT_MAX_CONCURRENT_DOWNLOADS, PullOptions};
 pub use puller::{Puller, PullerBuilder};
 pub use report::{LayerReport, PullReport};
 

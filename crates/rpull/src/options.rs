@@ -18,7 +18,17 @@ pub struct PullOptions {
     /// When the tree is made durable; by default one `syncfs` at the end on a disk, none on
     /// tmpfs.
     pub fsync: FsyncPolicy,
+    /// Download blobs larger than this as byte ranges over several connections
+    /// (`connections_per_blob`), the digest still verified over the whole blob. `None`: one
+    /// stream per blob, which is fastest against registries that serve one stream at full speed
+    /// (see docs/benchmarks.md for the sweep this default comes from).
+    pub chunk_size: Option<u64>,
+    /// Connections per blob for ranged downloads.
+    pub connections_per_blob: usize,
 }
+
+/// The default of `connections_per_blob`.
+pub const DEFAULT_CONNECTIONS_PER_BLOB: usize = 4;
 
 /// The default for `--max-concurrent-downloads`. Docker's 3 leaves most of a multi-layer
 /// image waiting; every download here also feeds its own extraction, so more in flight keeps
@@ -33,6 +43,8 @@ impl Default for PullOptions {
             force: false,
             extract: ExtractOptions::for_current_user(),
             fsync: FsyncPolicy::Auto,
+            chunk_size: None,
+            connections_per_blob: DEFAULT_CONNECTIONS_PER_BLOB,
         }
     }
 }

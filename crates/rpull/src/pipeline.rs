@@ -387,9 +387,7 @@ async fn download(
         source,
     };
 
-    let mut stream = puller
-        .client
-        .get_blob(repository, &descriptor.digest)
+    let mut stream = blob_stream(puller, repository, descriptor)
         .await
         .map_err(download_error)?;
     let mut verifier = DigestVerifier::new(&descriptor.digest, Some(descriptor.size));
@@ -434,6 +432,44 @@ async fn download(
         complete: true,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+type ByteStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<Bytes, rpull_registry::Error>> + Send>,
+>;
+
+/// The blob's bytes in order: one stream, or ranges over several connections when the blob is
+/// larger than `chunk_size`. A registry that ignores `Range` gets one stream instead.
+async fn blob_stream(
+    puller: &Puller,
+    repository: &Reference,
+    descriptor: &Descriptor,
+) -> Result<ByteStream, rpull_registry::Error> {
+    let options = &puller.options;
+    let whole = || async {
+        let stream = puller
+            .client
+            .get_blob(repository, &descriptor.digest)
+            .await?;
+        Ok::<ByteStream, rpull_registry::Error>(Box::pin(stream))
+    };
+    let Some(chunk_size) = options.chunk_size.filter(|&c| c > 0 && descriptor.size > c) else {
+        return whole().await;
+    };
+    let mut ranged = puller.client.get_blob_ranged(
+        repository,
+        &descriptor.digest,
+        descriptor.size,
+        chunk_size,
+        options.connections_per_blob,
+    );
+    match ranged.next().await {
+        Some(Err(rpull_registry::Error::Protocol { message, .. })) => {
+            debug!(%message, "ranged download refused; falling back to one stream");
+            whole().await
+        }
+        first => Ok(Box::pin(futures_util::stream::iter(first).chain(ranged))),
+    }
 }
 
 struct Extracted {
