@@ -2,72 +2,12 @@
 //! entries an extractor must handle (whiteouts, devices, xattrs, long names, `../` names).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 
-use bytes::Bytes;
-use sha2::{Digest as _, Sha256};
+use rpull_image::{IntoLayerTar, pax_records};
 use tar::{EntryType, Header};
 
 /// The mtime every entry gets unless told otherwise (2023-11-14), so fixtures are reproducible.
 pub const DEFAULT_MTIME: u64 = 1_700_000_000;
-
-/// How a layer blob is compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Compression {
-    None,
-    #[default]
-    Gzip,
-    Zstd,
-}
-
-impl Compression {
-    /// Compresses a whole tar held in memory.
-    pub fn compress(self, tar: &[u8]) -> Vec<u8> {
-        match self {
-            Compression::None => tar.to_vec(),
-            Compression::Gzip => {
-                let mut encoder =
-                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-                encoder.write_all(tar).expect("gzip into memory");
-                encoder.finish().expect("gzip into memory")
-            }
-            Compression::Zstd => zstd::encode_all(tar, 3).expect("zstd into memory"),
-        }
-    }
-}
-
-/// A blob with its digest (`sha256:<hex>`) and media type.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Blob {
-    pub bytes: Bytes,
-    pub digest: String,
-    pub media_type: String,
-}
-
-impl Blob {
-    pub fn new(bytes: impl Into<Bytes>, media_type: impl Into<String>) -> Blob {
-        let bytes = bytes.into();
-        Blob {
-            digest: sha256_digest(&bytes),
-            bytes,
-            media_type: media_type.into(),
-        }
-    }
-
-    pub fn size(&self) -> u64 {
-        self.bytes.len() as u64
-    }
-
-    /// The OCI descriptor `{mediaType, digest, size}`.
-    pub fn descriptor(&self) -> serde_json::Value {
-        serde_json::json!({ "mediaType": self.media_type, "digest": self.digest, "size": self.size() })
-    }
-}
-
-/// `sha256:<hex>` of `bytes`.
-pub fn sha256_digest(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
-}
 
 /// Builds an uncompressed layer tar in memory. Entry methods panic on entries the `tar` crate
 /// refuses (e.g. `..` in a name): fixtures are code, and a panic names the entry. Use `raw` and
@@ -345,28 +285,18 @@ impl LayerBuilder {
     }
 }
 
-/// PAX extended header records: `"%d %s=%s\n"` where the length counts the whole record.
-pub(crate) fn pax_records<K: AsRef<[u8]>>(records: &[(K, Vec<u8>)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (key, value) in records {
-        let key = key.as_ref();
-        let rest = key.len() + value.len() + 3; // ' ', '=', '\n'
-        let mut length = rest + 1;
-        while length != rest + length.to_string().len() {
-            length = rest + length.to_string().len();
-        }
-        out.extend_from_slice(format!("{length} ").as_bytes());
-        out.extend_from_slice(key);
-        out.push(b'=');
-        out.extend_from_slice(value);
-        out.push(b'\n');
+/// So `ImageBuilder::layer(LayerBuilder::new()..., compression)` works as before the image
+/// builders moved to `rpull-image`.
+impl IntoLayerTar for LayerBuilder {
+    fn into_layer_tar(self) -> Vec<u8> {
+        self.build()
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rpull_image::Compression;
     use std::io::Read;
 
     /// (path, type, data, link target) per entry.

@@ -1,10 +1,10 @@
 //! rpull-testing: the harness every rpull integration test uses. Real `docker-registry`
 //! processes (plain, htpasswd, TLS, token auth), fixture images built from code and pushed or
 //! written as OCI layouts, tree snapshots and comparison, umoci as the reference unpacker, and a
-//! counting HTTP proxy. Nothing here is mocked.
+//! counting HTTP proxy. Nothing here is mocked. The image builders themselves are `rpull-image`
+//! (published), re-exported here under the names the tests use.
 
 mod certs;
-mod dir_layer;
 mod http;
 mod image;
 mod layer;
@@ -15,16 +15,17 @@ mod token;
 mod tree;
 mod umoci;
 
-pub use dir_layer::layer_from_dir;
-pub use image::{
-    Image, ImageBuilder, ImageIndex, ImageLayer, IndexBuilder, LayerData, ManifestFormat, Platform,
-    media_type, sha256_file,
-};
-pub use layer::{Blob, Compression, DEFAULT_MTIME, LayerBuilder, sha256_digest};
+pub use layer::{DEFAULT_MTIME, LayerBuilder};
 pub use proxy::TestProxy;
-pub use push::PUSH_CHUNK_SIZE;
+// The image builders and push moved to the published `rpull-image`; the same names stay here.
 pub use registry::{
     REGISTRY_BINARY, RegistryAuth, RegistryOptions, TestRegistry, free_port, plain_config_yaml,
+};
+pub use rpull_image;
+pub use rpull_image::{
+    Blob, Compression, Image, ImageBuilder, ImageIndex, ImageLayer, IndexBuilder, IntoLayerTar,
+    LayerData, LayerWriter, ManifestFormat, PUSH_CHUNK_SIZE, Platform, PushOptions, PushReport,
+    layer_from_dir, layer_from_tar, media_type, sha256_digest, sha256_file,
 };
 pub use rpull_registry;
 pub use tar::{EntryType, Header};

@@ -167,7 +167,10 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::DiffTrees { a, b, dir_mtimes } => {
-            let options = DiffOptions { dir_mtimes, ..DiffOptions::default() };
+            let options = DiffOptions {
+                dir_mtimes,
+                ..DiffOptions::default()
+            };
             let (left, right) = (TreeSnapshot::capture(&a)?, TreeSnapshot::capture(&b)?);
             let differences = diff(&left, &right, &options);
             for line in &differences {
@@ -179,7 +182,11 @@ async fn main() -> Result<()> {
                 right.entries.len(),
                 differences.len()
             );
-            if differences.is_empty() { Ok(()) } else { std::process::exit(1) }
+            if differences.is_empty() {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
         }
         Command::DemoImage {
             registry,
