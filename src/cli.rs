@@ -17,6 +17,109 @@ pub struct Cli {
 pub enum Command {
     /// Pull an image and unpack its root filesystem into DIR.
     Pull(PullArgs),
+    /// Measure a pull: each stage alone (network, decompress, extract), then end to end, cold;
+    /// optionally peers and sweeps.
+    Bench(Box<BenchArgs>),
+}
+
+/// `rpull bench REF ...` or `rpull bench generate ...`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    /// Image reference to measure, as docker parses it.
+    #[arg(required = true)]
+    pub reference: Option<String>,
+    /// Directory the end-to-end pulls (and the peers) write to; replaced by every pull and left
+    /// in place. Default: a temporary directory in /var/tmp (disk).
+    #[arg(long, value_name = "DIR", conflicts_with = "tmpfs")]
+    pub dest: Option<PathBuf>,
+    /// Pull into a temporary directory on tmpfs (/dev/shm) instead of disk.
+    #[arg(long)]
+    pub tmpfs: bool,
+    /// Runs per stage, peer and sweep point (median, min and max are reported).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// Print the report as JSON (schema: docs/bench-json.md) instead of a table.
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print the report as CSV (one row per stage, peer and sweep point) instead of a table.
+    #[arg(long)]
+    pub csv: bool,
+    /// Also draw stage throughput and whole-pull times (rpull and peers) into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Sweep layer downloads in flight: end-to-end pulls with --max-concurrent-downloads N.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', value_parser = clap::value_parser!(usize))]
+    pub concurrency: Vec<usize>,
+    /// Span of the ranged network stage (default 8MiB); two or more values also sweep it.
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = rpull_bench::stages::parse_size)]
+    pub chunk_size: Vec<u64>,
+    /// Sweep simultaneous clients: N network-stage pulls at once (min, max, mean, p90 per client).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', value_parser = clap::value_parser!(usize))]
+    pub clients: Vec<usize>,
+    /// Also run these peer tools on the same image: docker, podman, ctr, skopeo, crane,
+    /// crane-export, or all.
+    #[arg(long, value_name = "LIST|all")]
+    pub compare: Option<String>,
+    /// Do not drop the page cache between runs (by default it is dropped when root).
+    #[arg(long)]
+    pub warm: bool,
+    /// Platform to choose from a multi-platform image, `os/arch[/variant]`; default: this host's.
+    #[arg(long)]
+    pub platform: Option<String>,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Build benchmark images (the Spegel set of random-data images, or one image from a
+    /// directory) and push them.
+    Generate(GenerateArgs),
+}
+
+/// `rpull bench generate TARGET ...`
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Where to push, `REGISTRY/REPO` without a tag (e.g. `127.0.0.1:5000/benchmark`).
+    pub target: String,
+    /// Spegel set sizes: `10MB`, `100MB`, `1GB` (comma-separated) or `all`.
+    #[arg(long, value_name = "LIST|all", conflicts_with = "from_dir")]
+    pub sizes: Option<String>,
+    /// Layer counts of the Spegel set (default 1,4).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', value_parser = clap::value_parser!(usize), conflicts_with = "from_dir")]
+    pub layer_counts: Vec<usize>,
+    /// Versions of the Spegel set (v1, v2, ...).
+    #[arg(long, default_value_t = 2, conflicts_with = "from_dir")]
+    pub versions: u32,
+    /// Build one image from this directory instead (one layer per top-level directory).
+    #[arg(long, value_name = "DIR")]
+    pub from_dir: Option<PathBuf>,
+    /// With --from-dir: cut the tree into this many layers instead.
+    #[arg(long, value_name = "N", requires = "from_dir")]
+    pub layers: Option<usize>,
+    /// With --from-dir: the tag (default `latest`).
+    #[arg(long, requires = "from_dir")]
+    pub tag: Option<String>,
+    /// zstd layers instead of gzip.
+    #[arg(long)]
+    pub zstd: bool,
+    /// Seed of the random data (the same seed gives the same digests).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where layer files are built (default: the system's temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Mount blobs from these repositories of the same registry instead of uploading them.
+    #[arg(long, value_name = "REPO,...", value_delimiter = ',')]
+    pub mount_from: Vec<String>,
+    /// Print what was pushed as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
 }
 
 #[derive(Debug, Args)]

@@ -40,12 +40,22 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
 
 /// The registry client the flags describe. The password of `--username` comes from stdin.
 pub fn registry_client(args: &RegistryArgs, reference: &Reference) -> anyhow::Result<Client> {
+    Ok(registry_client_and_password(args, reference)?.0)
+}
+
+/// [`registry_client`], also returning the password read from stdin (for `rpull bench`, whose
+/// child pulls need it again).
+pub fn registry_client_and_password(
+    args: &RegistryArgs,
+    reference: &Reference,
+) -> anyhow::Result<(Client, Option<String>)> {
     let mut builder = Client::builder()
         .plain_http(args.plain_http)
         .insecure(args.insecure);
     for ca in &args.ca_certs {
         builder = builder.ca_cert(ca.clone());
     }
+    let mut read_password = None;
     if let Some(username) = &args.username {
         let mut password = String::new();
         std::io::stdin()
@@ -57,8 +67,9 @@ pub fn registry_client(args: &RegistryArgs, reference: &Reference) -> anyhow::Re
         }
         builder = builder.credentials(
             reference.registry(),
-            Credentials::basic(username.clone(), password),
+            Credentials::basic(username.clone(), password.clone()),
         );
+        read_password = Some(password);
     }
-    Ok(builder.build()?)
+    Ok((builder.build()?, read_password))
 }

@@ -45,8 +45,32 @@ pub struct StageResult {
     pub mb_per_s_out: Option<f64>,
     /// Median files per second.
     pub files_per_s: Option<f64>,
+    /// For `decompress-1core`: the slowest single layer's decode seconds over the runs. One
+    /// layer's stream cannot be split, so no pipeline finishes before it; it is the decompress
+    /// term of the critical path in `pipeline_floor_seconds`. `None` for the other stages.
+    pub critical_path_seconds: Option<Summary>,
+    /// For the decompress stages: throughput per codec (empty for the other stages).
+    pub codecs: Vec<CodecThroughput>,
     /// Notes (e.g. "page cache not dropped: not root").
     pub notes: Vec<String>,
+}
+
+/// Decompression throughput of the layers of one codec, from the per-layer decode times of the
+/// median run (by wall time).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CodecThroughput {
+    /// `gzip`, `zstd` or `identity` (what the magic bytes showed).
+    pub codec: String,
+    /// Layers with this codec.
+    pub layers: usize,
+    /// Compressed bytes of these layers.
+    pub bytes_in: u64,
+    /// Tar bytes of these layers.
+    pub bytes_out: u64,
+    /// Compressed MB/s: `bytes_in` / the sum of these layers' decode seconds.
+    pub mb_per_s_in: Option<f64>,
+    /// Tar MB/s: `bytes_out` / the sum of these layers' decode seconds.
+    pub mb_per_s_out: Option<f64>,
 }
 
 /// A peer tool run on the same image.
@@ -73,6 +97,8 @@ pub struct PeerResult {
 pub struct SweepPoint {
     /// The swept value (concurrency, chunk size in bytes, clients).
     pub value: u64,
+    /// How many times were measured: runs, or runs x clients for the clients sweep.
+    pub count: usize,
     /// Seconds over the runs (for clients: over every client's time).
     pub seconds: Option<Summary>,
     /// Mean seconds (clients sweep).
@@ -109,6 +135,23 @@ pub struct MachineInfo {
     pub destination_fs: Option<String>,
 }
 
+/// The terms `pipeline_floor_seconds` is computed from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FloorTerms {
+    /// Median seconds of `network`.
+    pub network_seconds: f64,
+    /// Median seconds of the slowest layer in `decompress-1core`.
+    pub decompress_critical_seconds: f64,
+    /// Median seconds of the extract stage matching the destination.
+    pub extract_seconds: f64,
+    /// Which extract stage that is.
+    pub extract_stage: String,
+    /// Sum of the three stages' median CPU seconds.
+    pub cpu_seconds: f64,
+    /// Cores it is divided by.
+    pub cpus: usize,
+}
+
 /// Everything `rpull bench REF` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -134,10 +177,18 @@ pub struct BenchReport {
     pub machine: MachineInfo,
     /// Stage figures, then `end-to-end`.
     pub stages: Vec<StageResult>,
-    /// The stage whose median time is closest to the end-to-end median (what bounds the pull).
+    /// The term that sets `pipeline_floor_seconds`: `network`, `decompress-1core` (its slowest
+    /// layer), `extract-tmpfs` or `extract-disk` (whichever matches the end-to-end destination's
+    /// filesystem), or `cpu` when the total CPU work divided by the cores is larger.
     pub bounding_stage: Option<String>,
-    /// max(slowest stage alone, CPU seconds of all stages / cores), seconds.
+    /// The fastest a pipelined pull could be on this machine, as BASELINE.md defines it:
+    /// `max(critical path, total CPU work / cpus)`, where the critical path is the largest of the
+    /// `network` median, the `decompress-1core` slowest-layer median (`critical_path_seconds`)
+    /// and the matching extract stage's median, and the total CPU work is the sum of those three
+    /// stages' median CPU seconds. `None` when one of them is missing.
     pub pipeline_floor_seconds: Option<f64>,
+    /// The terms of the floor, in seconds.
+    pub floor: Option<FloorTerms>,
     /// Peers, in the order asked.
     pub peers: Vec<PeerResult>,
     /// Sweeps asked for.

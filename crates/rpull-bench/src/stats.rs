@@ -20,8 +20,16 @@ impl Summary {
         let mut sorted = values.to_vec();
         sorted.sort_by(f64::total_cmp);
         let n = sorted.len();
-        let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-        Some(Summary { median, min: sorted[0], max: sorted[n - 1] })
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Some(Summary {
+            median,
+            min: sorted[0],
+            max: sorted[n - 1],
+        })
     }
 
     /// The value below which `p` percent of `values` lie (nearest rank), for the client sweep.
@@ -42,7 +50,14 @@ mod tests {
 
     #[test]
     fn median_min_max() {
-        assert_eq!(Summary::of(&[3.0, 1.0, 2.0]), Some(Summary { median: 2.0, min: 1.0, max: 3.0 }));
+        assert_eq!(
+            Summary::of(&[3.0, 1.0, 2.0]),
+            Some(Summary {
+                median: 2.0,
+                min: 1.0,
+                max: 3.0
+            })
+        );
         assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
         assert_eq!(Summary::of(&[]), None);
         assert_eq!(Summary::of(&[1.0, f64::NAN]), None);

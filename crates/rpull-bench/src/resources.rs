@@ -1,0 +1,363 @@
+//! Measuring runs: wall and CPU time, peak RSS, cache dropping, syncfs, filesystem type, and a
+//! description of the machine.
+
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{MachineInfo, Sample};
+
+/// CPU time (user + system) of this process so far, all threads.
+pub fn process_cpu_seconds() -> f64 {
+    rusage_seconds(libc::RUSAGE_SELF)
+}
+
+/// CPU time of the waited-for children of this process so far.
+pub fn children_cpu_seconds() -> f64 {
+    rusage_seconds(libc::RUSAGE_CHILDREN)
+}
+
+fn rusage_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage writes a plain struct we own; `who` is a valid RUSAGE_* constant.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut usage);
+        usage
+    };
+    timeval(usage.ru_utime) + timeval(usage.ru_stime)
+}
+
+fn timeval(t: libc::timeval) -> f64 {
+    t.tv_sec as f64 + t.tv_usec as f64 / 1e6
+}
+
+/// Resets this process's peak RSS (`VmHWM`) so the next [`peak_rss_bytes`] covers only what
+/// follows. Returns false where the kernel does not allow it.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// This process's peak RSS since start or the last [`reset_peak_rss`].
+pub fn peak_rss_bytes() -> Option<u64> {
+    proc_status_kib("/proc/self/status", "VmHWM:").map(|kib| kib * 1024)
+}
+
+/// Reads a `kB` field of a `/proc/PID/status` file.
+pub fn proc_status_kib(path: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(path).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A child process's outcome and its measured sample (wall time, CPU time and peak RSS of the
+/// child and its own waited-for descendants, from `wait4`).
+#[derive(Debug)]
+pub struct MeasuredRun {
+    /// How it exited.
+    pub status: ExitStatus,
+    /// Wall, CPU and peak RSS; byte counts are left for the caller.
+    pub sample: Sample,
+    /// Its stderr (last 4 KiB), for error reports.
+    pub stderr_tail: String,
+    /// Its stdout.
+    pub stdout: String,
+}
+
+/// Runs `command` to completion, measuring it with `wait4`. Stdout and stderr are captured.
+pub fn run_measured(command: &mut Command) -> io::Result<MeasuredRun> {
+    run_measured_with_input(command, None)
+}
+
+/// [`run_measured`], with `input` written to the child's stdin (then closed); no input means
+/// stdin is `/dev/null`.
+pub fn run_measured_with_input(
+    command: &mut Command,
+    input: Option<Vec<u8>>,
+) -> io::Result<MeasuredRun> {
+    let started = Instant::now();
+    let stdin = if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    };
+    let mut child = command
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = child.id() as libc::pid_t;
+    if let (Some(input), Some(mut pipe)) = (input, child.stdin.take()) {
+        std::thread::spawn(move || {
+            // A child that exits without reading gets EPIPE here; its exit status says why.
+            let _ = io::Write::write_all(&mut pipe, &input);
+        });
+    }
+    let mut stdout = child.stdout.expect("piped");
+    let mut stderr = child.stderr.expect("piped");
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = io::Read::read_to_end(&mut stdout, &mut buf);
+        buf
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let poller = PeakPoller::start(pid);
+    let waited = wait4(pid);
+    let polled_peak = poller.stop();
+    let (raw_status, usage) = waited?;
+    let seconds = started.elapsed().as_secs_f64();
+    let stdout = String::from_utf8_lossy(&out_reader.join().unwrap_or_default()).into_owned();
+    let stderr = err_reader.join().unwrap_or_default();
+    let tail = &stderr[stderr.len().saturating_sub(4096)..];
+    Ok(MeasuredRun {
+        status: ExitStatus::from_raw(raw_status),
+        sample: Sample {
+            seconds,
+            cpu_seconds: timeval(usage.ru_utime) + timeval(usage.ru_stime),
+            // Not ru_maxrss: on Linux a child's ru_maxrss includes the RSS its parent had when it
+            // forked (the mm it replaced at exec), so a big benchmark process would show up as
+            // the child's peak. The VmHWM of the child's own (post-exec) memory is what counts.
+            peak_rss_bytes: polled_peak,
+            ..Sample::default()
+        },
+        stderr_tail: String::from_utf8_lossy(tail).into_owned(),
+        stdout,
+    })
+}
+
+/// How often the child's VmHWM is read. VmHWM is a high-water mark, so a late read loses only
+/// growth in the last interval before the child exits.
+const PEAK_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Reads the VmHWM of a child and all its descendants until stopped; keeps the largest.
+struct PeakPoller {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Option<u64>>,
+}
+
+impl PeakPoller {
+    fn start(pid: libc::pid_t) -> PeakPoller {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak: Option<u64> = None;
+            loop {
+                // Read once more after the stop request: a child that exits within the first
+                // interval still gets one reading while it is alive, when there was time for one.
+                let stopping = flag.load(Ordering::Acquire);
+                if let Some(now) = tree_peak_rss(pid) {
+                    peak = Some(peak.map_or(now, |p| p.max(now)));
+                }
+                if stopping {
+                    return peak;
+                }
+                std::thread::sleep(PEAK_POLL_INTERVAL);
+            }
+        });
+        PeakPoller { stop, thread }
+    }
+
+    fn stop(self) -> Option<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().unwrap_or(None)
+    }
+}
+
+/// The largest VmHWM (bytes) among `pid` and its live descendants, as `wait4` would report for a
+/// process tree (the maximum, not the sum).
+fn tree_peak_rss(pid: libc::pid_t) -> Option<u64> {
+    let mut pending = vec![pid];
+    let mut peak = None;
+    let mut visited = 0;
+    while let Some(pid) = pending.pop() {
+        visited += 1;
+        if visited > 4096 {
+            break;
+        }
+        if let Some(kib) = proc_status_kib(&format!("/proc/{pid}/status"), "VmHWM:") {
+            peak = Some(peak.map_or(kib * 1024, |p: u64| p.max(kib * 1024)));
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            if let Ok(children) = std::fs::read_to_string(task.path().join("children")) {
+                pending.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<libc::pid_t>().ok()),
+                );
+            }
+        }
+    }
+    peak
+}
+
+fn wait4(pid: libc::pid_t) -> io::Result<(i32, libc::rusage)> {
+    loop {
+        let mut status = 0;
+        // SAFETY: wait4 writes into the two locals; pid is our own child, not yet reaped.
+        let (rc, usage) = unsafe {
+            let mut usage: libc::rusage = std::mem::zeroed();
+            let rc = libc::wait4(pid, &mut status, 0, &mut usage);
+            (rc, usage)
+        };
+        if rc == pid {
+            return Ok((status, usage));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Writes back dirty data and drops the page cache, dentries and inodes, so the next run is
+/// cold. Needs root; the error says why it could not.
+pub fn drop_caches() -> Result<(), String> {
+    // SAFETY: sync() takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| format!("could not drop caches ({e}); runs are not cold"))
+}
+
+/// `syncfs` of the filesystem holding `path`, timed.
+pub fn syncfs(path: &Path) -> io::Result<Duration> {
+    let started = Instant::now();
+    let dir = std::fs::File::open(path)?;
+    // SAFETY: the descriptor is open for the duration of the call.
+    let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(started.elapsed())
+}
+
+/// The filesystem type of the mount holding `path` (`ext4`, `tmpfs`, ...), from
+/// `/proc/self/mounts` (longest matching mount point).
+pub fn filesystem_type(path: &Path) -> Option<String> {
+    let path = std::fs::canonicalize(path).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_device, mount_point, fs_type) = (fields.next()?, fields.next()?, fields.next()?);
+            let mount_point = mount_point.replace("\\040", " ");
+            path.starts_with(&mount_point)
+                .then(|| (mount_point.len(), fs_type.to_owned()))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, fs_type)| fs_type)
+}
+
+/// Logical CPUs available to this process.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// The machine the figures come from.
+pub fn machine_info(destination: &Path) -> MachineInfo {
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        });
+    MachineInfo {
+        cpus: cpus(),
+        cpu_model,
+        memory_bytes: proc_status_kib("/proc/meminfo", "MemTotal:").map(|kib| kib * 1024),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .ok()
+            .map(|s| s.trim().to_owned()),
+        destination_fs: filesystem_type(destination),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measured_child_reports_cpu_and_rss() {
+        // A child that burns some CPU and touches 64 MiB.
+        let run = run_measured(
+            Command::new("python3")
+                .args(["-c", "b = bytearray(64 << 20)\nx = sum(range(3_000_000))"]),
+        )
+        .expect("python3 runs");
+        assert!(run.status.success(), "{}", run.stderr_tail);
+        assert!(run.sample.cpu_seconds > 0.0);
+        assert!(
+            run.sample.peak_rss_bytes.unwrap() >= 64 << 20,
+            "{:?}",
+            run.sample.peak_rss_bytes
+        );
+        assert!(run.sample.seconds >= run.sample.cpu_seconds * 0.5);
+    }
+
+    #[test]
+    fn a_small_child_of_a_big_parent_is_measured_small() {
+        // ru_maxrss would report at least this process's RSS at fork time.
+        let ballast = vec![1u8; 256 << 20];
+        std::hint::black_box(&ballast);
+        let run = run_measured(Command::new("sh").args(["-c", "sleep 0.05"])).unwrap();
+        assert!(run.status.success());
+        let peak = run.sample.peak_rss_bytes.expect("measured");
+        assert!(peak < 64 << 20, "peak {peak} includes the parent's memory");
+        drop(ballast);
+    }
+
+    #[test]
+    fn failing_child_keeps_its_stderr() {
+        let run = run_measured(Command::new("sh").args(["-c", "echo boom >&2; exit 3"])).unwrap();
+        assert_eq!(run.status.code(), Some(3));
+        assert_eq!(run.stderr_tail.trim(), "boom");
+    }
+
+    #[test]
+    fn input_reaches_the_child_stdin() {
+        let run = run_measured_with_input(
+            Command::new("sh").args(["-c", "read line; echo \"got $line\""]),
+            Some(b"secret\n".to_vec()),
+        )
+        .unwrap();
+        assert!(run.status.success(), "{}", run.stderr_tail);
+        assert_eq!(run.stdout, "got secret\n");
+    }
+
+    #[test]
+    fn filesystem_types() {
+        assert_eq!(
+            filesystem_type(Path::new("/proc/self")).as_deref(),
+            Some("proc")
+        );
+        if Path::new("/dev/shm").exists() {
+            assert_eq!(
+                filesystem_type(Path::new("/dev/shm")).as_deref(),
+                Some("tmpfs")
+            );
+        }
+    }
+
+    #[test]
+    fn peak_rss_is_readable() {
+        assert!(peak_rss_bytes().unwrap() > 0);
+    }
+}

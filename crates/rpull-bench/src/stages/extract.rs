@@ -1,0 +1,185 @@
+//! `extract-tmpfs` and `extract-disk`: the decoded layer tars applied the way the pipeline does it.
+
+use std::collections::VecDeque;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use rpull_extract::{ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer};
+
+use super::local::READ_BUFFER;
+use super::{CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, stage_result};
+use crate::StageResult;
+use crate::error::BenchError;
+use crate::resources::{filesystem_type, syncfs};
+
+/// Where an extraction stage writes.
+#[derive(Debug, Clone)]
+pub struct ExtractTarget {
+    /// `extract-tmpfs` or `extract-disk`.
+    pub stage: String,
+    /// An existing directory; each run extracts into a fresh `run-N` directory inside it and
+    /// removes it afterwards.
+    pub base: PathBuf,
+}
+
+/// `/dev/shm (tmpfs)`: a directory and its filesystem type, for descriptions.
+pub(crate) fn describe_location(path: &Path) -> String {
+    match filesystem_type(path) {
+        Some(fs) => format!("{} ({fs})", path.display()),
+        None => path.display().to_string(),
+    }
+}
+
+/// Measures applying every layer tar into a fresh directory in `target.base`, `runs` times:
+/// layer 0 into the root, the others into their own staging directories in parallel (at most
+/// `rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS` at once, as the pipeline), merged in layer order as
+/// soon as each is done, then directory metadata finalized. `syncfs` afterwards is timed apart
+/// (`sync_seconds`); the tree is deleted after each run, outside the timing.
+pub fn extract(
+    layers: &LocalLayers,
+    target: &ExtractTarget,
+    options: &ExtractOptions,
+    runs: usize,
+    cache: &CachePolicy,
+) -> Result<StageResult, BenchError> {
+    check_runs(runs)?;
+    let description = format!(
+        "{} layer tars ({} bytes, {} entries) read from {} and applied into {}: layer 0 into the root, the others staged in \
+         parallel and merged in order, then finalized (chown {}); syncfs timed apart",
+        layers.layers.len(),
+        layers.tar_bytes(),
+        layers.entries(),
+        describe_location(&layers.dir),
+        describe_location(&target.base),
+        if options.chown { "on" } else { "off" },
+    );
+    let mut notes = Vec::new();
+    let fs = filesystem_type(&target.base);
+    if runs > 1 && fs.as_deref() != Some("tmpfs") {
+        notes.push(
+            "runs after the first start right after the previous run's tree was deleted; on ext4 BASELINE.md finds such \
+             extractions much slower than into a fresh filesystem state (compare min and median)"
+                .to_owned(),
+        );
+    }
+    let mut samples = Vec::with_capacity(runs);
+    for run in 0..runs {
+        let dir = target.base.join(format!("run-{run}"));
+        let root = dir.join("rootfs");
+        let staging = dir.join("layers");
+        for path in [&root, &staging] {
+            fs_err::create_dir_all(path).map_err(|e| BenchError::io("creating", path, e))?;
+        }
+        cache.before_run(&mut notes);
+        let meter = Meter::start();
+        let summaries = apply_layers(&layers.layers, &root, &staging, options)?;
+        let mut sample = meter.stop();
+        sample.sync_seconds = Some(
+            syncfs(&root)
+                .map_err(|e| BenchError::io("syncfs of", &root, e))?
+                .as_secs_f64(),
+        );
+        sample.bytes_in = layers.tar_bytes();
+        sample.bytes_out = summaries.iter().map(|s| s.bytes_written).sum();
+        sample.files = summaries.iter().map(|s| s.entries).sum();
+        samples.push(sample);
+        remove_tree(&dir)?;
+    }
+    Ok(stage_result(&target.stage, description, samples, notes))
+}
+
+/// Applies the layers like `rpull::Puller` does, without the network and the decoder.
+pub fn apply_layers(
+    layers: &[LocalLayer],
+    root: &Path,
+    staging: &Path,
+    options: &ExtractOptions,
+) -> Result<Vec<LayerSummary>, BenchError> {
+    let window = rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS.max(1);
+    std::thread::scope(|scope| {
+        let mut running = VecDeque::new();
+        let mut next = 0;
+        let mut summaries = Vec::with_capacity(layers.len());
+        let spawn = |layer: &LocalLayer| -> Result<_, BenchError> {
+            let target = if layer.index == 0 {
+                root.to_owned()
+            } else {
+                staging.join(layer.index.to_string())
+            };
+            if layer.index != 0 {
+                fs_err::create_dir(&target).map_err(|e| BenchError::io("creating", &target, e))?;
+            }
+            let layer = layer.clone();
+            Ok(scope.spawn(move || {
+                let file = fs_err::File::open(&layer.tar)
+                    .map_err(|e| BenchError::io("opening", &layer.tar, e))?;
+                let summary = extract_layer(
+                    BufReader::with_capacity(READ_BUFFER, file),
+                    &target,
+                    options,
+                )
+                .map_err(|source| BenchError::Extract {
+                    index: layer.index,
+                    tar: layer.tar.clone(),
+                    target: target.clone(),
+                    source: Box::new(source),
+                })?;
+                Ok::<_, BenchError>((target, summary))
+            }))
+        };
+        while next < layers.len() || !running.is_empty() {
+            while next < layers.len() && running.len() < window {
+                running.push_back(spawn(&layers[next])?);
+                next += 1;
+            }
+            let handle = running.pop_front().expect("a running layer");
+            let (staged, summary) = handle.join().map_err(|_| BenchError::Panic("extract"))??;
+            if summaries.is_empty() {
+                // Layer 0 went straight into the root.
+            } else {
+                let index = summaries.len();
+                merge_layer(root, &staged, &summary, options).map_err(|source| {
+                    BenchError::Extract {
+                        index,
+                        tar: layers[index].tar.clone(),
+                        target: root.to_owned(),
+                        source: Box::new(source),
+                    }
+                })?;
+            }
+            summaries.push(summary);
+        }
+        finalize_tree(root, &summaries, options).map_err(|source| BenchError::Extract {
+            index: summaries.len().saturating_sub(1),
+            tar: PathBuf::from("(finalize)"),
+            target: root.to_owned(),
+            source: Box::new(source),
+        })?;
+        Ok(summaries)
+    })
+}
+
+/// Removes a tree that may contain read-only directories (as a non-root extraction leaves them).
+pub(crate) fn remove_tree(path: &Path) -> Result<(), BenchError> {
+    if std::fs::remove_dir_all(path).is_ok() || !path.exists() {
+        return Ok(());
+    }
+    make_writable(path);
+    fs_err::remove_dir_all(path).map_err(|e| BenchError::io("removing", path, e))
+}
+
+fn make_writable(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Ok(metadata) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !metadata.is_dir() {
+        return;
+    }
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for entry in entries.flatten() {
+            make_writable(&entry.path());
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The stages of a pull, each measured alone, and the whole pull. Every stage runs `runs` times,
+//! each run cold where the cache policy allows it, and returns a [`StageResult`].
+
+pub(crate) mod decompress;
+pub(crate) mod end_to_end;
+pub(crate) mod extract;
+pub(crate) mod local;
+pub(crate) mod network;
+
+use std::time::Instant;
+
+use rpull::registry::{Client, Descriptor, ResolvedImage};
+use rpull::{Platform, Reference};
+
+use crate::error::BenchError;
+use crate::resources::{peak_rss_bytes, process_cpu_seconds, reset_peak_rss};
+use crate::{Sample, StageResult, Summary};
+
+pub use decompress::{DecompressMode, decompress};
+pub use end_to_end::{ImageSize, PullCommand, end_to_end};
+pub use extract::{ExtractTarget, apply_layers, extract};
+pub use local::{LocalLayer, LocalLayers, prepare_local};
+pub use network::{FetchMode, RANGE_WINDOW, fetch_image, network};
+
+/// The image under test and the client that reaches it.
+#[derive(Debug, Clone)]
+pub struct BenchImage {
+    /// The registry client.
+    pub client: Client,
+    /// The reference, as resolved.
+    pub reference: Reference,
+    /// Its platform manifest.
+    pub resolved: ResolvedImage,
+}
+
+impl BenchImage {
+    /// Resolves `reference` for `platform`.
+    pub async fn resolve(
+        client: &Client,
+        reference: &Reference,
+        platform: &Platform,
+    ) -> Result<BenchImage, BenchError> {
+        let resolved = client
+            .resolve(reference, platform)
+            .await
+            .map_err(|source| BenchError::Resolve {
+                reference: reference.to_string(),
+                source: Box::new(source),
+            })?;
+        Ok(BenchImage {
+            client: client.clone(),
+            reference: reference.clone(),
+            resolved,
+        })
+    }
+
+    /// Every blob a pull fetches: the layers, then the config.
+    pub fn blobs(&self) -> Vec<Descriptor> {
+        let mut blobs = self.resolved.layers.clone();
+        blobs.push(self.resolved.config.clone());
+        blobs
+    }
+
+    /// Sum of the layers' compressed sizes.
+    pub fn compressed_bytes(&self) -> u64 {
+        self.resolved.layers.iter().map(|layer| layer.size).sum()
+    }
+}
+
+/// Whether runs start cold: page cache, dentries and inodes dropped before each run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// Drop caches before every run (needs root).
+    Drop,
+    /// Leave caches alone; the string says why (shown in notes).
+    Keep(String),
+}
+
+impl CachePolicy {
+    /// [`CachePolicy::Drop`] when running as root and `warm` is not asked for; otherwise
+    /// [`CachePolicy::Keep`] with the reason.
+    pub fn for_current_user(warm: bool) -> CachePolicy {
+        if warm {
+            CachePolicy::Keep("page cache not dropped between runs: --warm".to_owned())
+        } else if rpull_is_root() {
+            CachePolicy::Drop
+        } else {
+            CachePolicy::Keep(
+                "page cache not dropped between runs: not root (drop_caches needs root)".to_owned(),
+            )
+        }
+    }
+
+    /// Whether caches are to be dropped.
+    pub fn is_cold(&self) -> bool {
+        matches!(self, CachePolicy::Drop)
+    }
+
+    /// What the report's `cache_note` says about this policy.
+    pub fn note(&self) -> String {
+        match self {
+            CachePolicy::Drop => {
+                "sync + drop_caches (echo 3 > /proc/sys/vm/drop_caches) before every run; inputs held on tmpfs are not \
+                 dropped (tmpfs pages are not cache)"
+                    .to_owned()
+            }
+            CachePolicy::Keep(reason) => reason.clone(),
+        }
+    }
+
+    /// Called before each run, outside the timing. A failure to drop is noted once in `notes`.
+    pub(crate) fn before_run(&self, notes: &mut Vec<String>) {
+        let note = match self {
+            CachePolicy::Drop => match crate::resources::drop_caches() {
+                Ok(()) => return,
+                Err(reason) => reason,
+            },
+            CachePolicy::Keep(reason) => reason.clone(),
+        };
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    }
+}
+
+fn rpull_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Measures in-process work: wall time, CPU time of this process, peak RSS since the start.
+pub(crate) struct Meter {
+    started: Instant,
+    cpu: f64,
+    rss_reset: bool,
+}
+
+impl Meter {
+    pub(crate) fn start() -> Meter {
+        let rss_reset = reset_peak_rss();
+        Meter {
+            started: Instant::now(),
+            cpu: process_cpu_seconds(),
+            rss_reset,
+        }
+    }
+
+    /// The sample so far; byte and file counts are the caller's.
+    pub(crate) fn stop(self) -> Sample {
+        Sample {
+            seconds: self.started.elapsed().as_secs_f64(),
+            cpu_seconds: (process_cpu_seconds() - self.cpu).max(0.0),
+            // Without the reset the high-water mark would cover everything before this run.
+            peak_rss_bytes: if self.rss_reset {
+                peak_rss_bytes()
+            } else {
+                None
+            },
+            ..Sample::default()
+        }
+    }
+}
+
+/// MB/s (10^6 bytes per second), or `None` for a zero duration.
+pub(crate) fn mb_per_s(bytes: u64, seconds: f64) -> Option<f64> {
+    (seconds > 0.0).then(|| bytes as f64 / 1e6 / seconds)
+}
+
+/// Builds a stage's result: summaries over the runs and median rates (median over the runs of
+/// each run's own rate).
+pub(crate) fn stage_result(
+    stage: &str,
+    description: String,
+    samples: Vec<Sample>,
+    notes: Vec<String>,
+) -> StageResult {
+    let seconds: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
+    let cpu: Vec<f64> = samples.iter().map(|s| s.cpu_seconds).collect();
+    let rate = |f: &dyn Fn(&Sample) -> Option<f64>| {
+        let rates: Vec<f64> = samples.iter().filter_map(f).collect();
+        Summary::of(&rates).map(|s| s.median)
+    };
+    let any_files = samples.iter().any(|s| s.files > 0);
+    StageResult {
+        stage: stage.to_owned(),
+        description,
+        seconds: Summary::of(&seconds),
+        cpu_seconds: Summary::of(&cpu),
+        mb_per_s_in: rate(&|s| mb_per_s(s.bytes_in, s.seconds)),
+        mb_per_s_out: rate(&|s| {
+            if s.bytes_out > 0 {
+                mb_per_s(s.bytes_out, s.seconds)
+            } else {
+                None
+            }
+        }),
+        files_per_s: if any_files {
+            rate(&|s| (s.seconds > 0.0).then(|| s.files as f64 / s.seconds))
+        } else {
+            None
+        },
+        critical_path_seconds: None,
+        codecs: Vec::new(),
+        samples,
+        notes,
+    }
+}
+
+/// A stage that was not run, with the reason in its notes.
+pub(crate) fn skipped_stage(stage: &str, description: String, reason: String) -> StageResult {
+    stage_result(
+        stage,
+        description,
+        Vec::new(),
+        vec![format!("skipped: {reason}")],
+    )
+}
+
+fn check_runs(runs: usize) -> Result<(), BenchError> {
+    if runs == 0 {
+        return Err(BenchError::Invalid("--runs must be at least 1".to_owned()));
+    }
+    Ok(())
+}
+
+/// Human size for descriptions: `8 MiB`, `512 KiB`, `123 B`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (unit, name) in UNITS {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
+            return format!("{} {name}", bytes / unit);
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// Parses `8MiB`, `16 MiB`, `512KiB`, `1GiB`, `4M`, `1048576`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 8MiB, 512KiB, 1048576)"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use B, KiB, MiB or GiB)"
+            ));
+        }
+    };
+    let size = number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?} is too large"))?;
+    if size == 0 {
+        return Err(format!("{text:?}: a size must be at least 1 byte"));
+    }
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_format() {
+        for (text, bytes) in [
+            ("8MiB", 8 << 20),
+            ("16 MiB", 16 << 20),
+            ("512KiB", 512 << 10),
+            ("1GiB", 1 << 30),
+            ("4m", 4 << 20),
+            ("1000", 1000),
+        ] {
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+        for bad in ["", "MiB", "0", "8XB", "-1"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(format_size(8 << 20), "8 MiB");
+        assert_eq!(format_size(1536), "1536 B");
+        assert_eq!(format_size(2 << 10), "2 KiB");
+    }
+
+    #[test]
+    fn rates_are_medians_of_each_run() {
+        let sample = |seconds: f64| Sample {
+            seconds,
+            bytes_in: 10_000_000,
+            files: 10,
+            ..Sample::default()
+        };
+        let result = stage_result(
+            "x",
+            String::new(),
+            vec![sample(1.0), sample(2.0), sample(4.0)],
+            Vec::new(),
+        );
+        assert_eq!(result.mb_per_s_in, Some(5.0));
+        assert_eq!(result.mb_per_s_out, None);
+        assert_eq!(result.files_per_s, Some(5.0));
+        assert_eq!(result.seconds.unwrap().median, 2.0);
+    }
+}

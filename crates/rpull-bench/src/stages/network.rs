@@ -1,0 +1,196 @@
+//! `network` and `network-ranged`: every blob of the image fetched at once, digest and size
+//! verified as the bytes pass, the bytes discarded.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use rpull::Reference;
+use rpull::registry::{Client, Descriptor, DigestVerifier};
+use tokio::task::JoinSet;
+use tracing::{debug, instrument};
+
+use super::{BenchImage, CachePolicy, Meter, check_runs, format_size, stage_result};
+use crate::StageResult;
+use crate::error::BenchError;
+
+/// Ranged GETs in flight per blob. The verifier needs the chunks in order, so at most this many
+/// chunks of one blob are held in memory at once.
+pub const RANGE_WINDOW: usize = 4;
+
+/// How each blob is fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchMode {
+    /// One GET per blob.
+    Stream,
+    /// Ranged GETs of this many bytes, [`RANGE_WINDOW`] in flight per blob.
+    Ranged(u64),
+}
+
+/// Measures fetching every blob (layers and config) at once, one tokio task per blob, `runs`
+/// times. `bytes_in` is the sum of the blob sizes.
+pub async fn network(
+    image: &BenchImage,
+    mode: FetchMode,
+    runs: usize,
+    cache: &CachePolicy,
+) -> Result<StageResult, BenchError> {
+    check_runs(runs)?;
+    let blobs = image.blobs();
+    let total: u64 = blobs.iter().map(|b| b.size).sum();
+    let (stage, how) = match mode {
+        FetchMode::Stream => ("network", "one GET per blob".to_owned()),
+        FetchMode::Ranged(chunk) => {
+            if chunk == 0 {
+                return Err(BenchError::Invalid(
+                    "--chunk-size must be at least 1 byte".to_owned(),
+                ));
+            }
+            (
+                "network-ranged",
+                format!(
+                    "ranged GETs of {}, {RANGE_WINDOW} in flight per blob",
+                    format_size(chunk)
+                ),
+            )
+        }
+    };
+    let description = format!(
+        "every blob ({} layers + config, {total} bytes) fetched at once, {how}; sha256 and size verified, bytes discarded",
+        image.resolved.layers.len()
+    );
+    let mut samples = Vec::with_capacity(runs);
+    let mut notes = Vec::new();
+    for _ in 0..runs {
+        cache.before_run(&mut notes);
+        let meter = Meter::start();
+        let bytes = fetch_image(image, mode).await?;
+        let mut sample = meter.stop();
+        sample.bytes_in = bytes;
+        samples.push(sample);
+    }
+    Ok(stage_result(stage, description, samples, notes))
+}
+
+/// Fetches and verifies every blob of `image` at once (one task per blob); returns the bytes
+/// received. The first failure is returned, naming its blob.
+pub async fn fetch_image(image: &BenchImage, mode: FetchMode) -> Result<u64, BenchError> {
+    let mut tasks = JoinSet::new();
+    for blob in image.blobs() {
+        let client = image.client.clone();
+        let reference = image.reference.clone();
+        tasks.spawn(async move {
+            match mode {
+                FetchMode::Stream => fetch_blob(&client, &reference, &blob).await,
+                FetchMode::Ranged(chunk) => {
+                    fetch_blob_ranged(&client, &reference, &blob, chunk).await
+                }
+            }
+        });
+    }
+    let mut total = 0;
+    while let Some(joined) = tasks.join_next().await {
+        // Dropping the JoinSet on an early return aborts the other downloads.
+        total += joined.map_err(|_| BenchError::Panic("download"))??;
+    }
+    Ok(total)
+}
+
+#[instrument(skip_all, fields(digest = %blob.digest))]
+async fn fetch_blob(
+    client: &Client,
+    reference: &Reference,
+    blob: &Descriptor,
+) -> Result<u64, BenchError> {
+    let fetch_error = |source| BenchError::Fetch {
+        reference: reference.to_string(),
+        digest: blob.digest.clone(),
+        range: None,
+        source: Box::new(source),
+    };
+    let mut stream = client
+        .get_blob(reference, &blob.digest)
+        .await
+        .map_err(fetch_error)?;
+    let mut verifier = DigestVerifier::new(&blob.digest, Some(blob.size));
+    while let Some(chunk) = stream.next().await {
+        verifier.update(&chunk.map_err(fetch_error)?);
+        if verifier.overran() {
+            break;
+        }
+    }
+    let seen = verifier.bytes_seen();
+    verifier.finish().map_err(|source| BenchError::Verify {
+        digest: blob.digest.clone(),
+        source,
+    })?;
+    debug!(bytes = seen, "blob verified");
+    Ok(seen)
+}
+
+#[instrument(skip_all, fields(digest = %blob.digest, chunk))]
+async fn fetch_blob_ranged(
+    client: &Client,
+    reference: &Reference,
+    blob: &Descriptor,
+    chunk: u64,
+) -> Result<u64, BenchError> {
+    if blob.size == 0 {
+        // No range can describe an empty blob.
+        return fetch_blob(client, reference, blob).await;
+    }
+    let ranges =
+        (0..blob.size.div_ceil(chunk)).map(|i| i * chunk..((i + 1) * chunk).min(blob.size));
+    // `buffered` keeps RANGE_WINDOW requests in flight and yields them in order, so the digest is
+    // computed over the blob front to back.
+    let mut chunks = futures_util::stream::iter(ranges)
+        .map(|range| fetch_range(client, reference, blob, range))
+        .buffered(RANGE_WINDOW);
+    let mut verifier = DigestVerifier::new(&blob.digest, Some(blob.size));
+    while let Some(pieces) = chunks.next().await {
+        for piece in pieces? {
+            verifier.update(&piece);
+        }
+    }
+    let seen = verifier.bytes_seen();
+    verifier.finish().map_err(|source| BenchError::Verify {
+        digest: blob.digest.clone(),
+        source,
+    })?;
+    Ok(seen)
+}
+
+/// One ranged GET, collected (as the pieces received, not copied).
+async fn fetch_range(
+    client: &Client,
+    reference: &Reference,
+    blob: &Descriptor,
+    range: Range<u64>,
+) -> Result<Vec<Bytes>, BenchError> {
+    let fetch_error = |source| BenchError::Fetch {
+        reference: reference.to_string(),
+        digest: blob.digest.clone(),
+        range: Some((range.start, range.end)),
+        source: Box::new(source),
+    };
+    let mut stream = client
+        .get_blob_range(reference, &blob.digest, range.clone())
+        .await
+        .map_err(fetch_error)?;
+    let mut pieces = Vec::new();
+    let mut received = 0u64;
+    while let Some(piece) = stream.next().await {
+        let piece = piece.map_err(fetch_error)?;
+        received += piece.len() as u64;
+        pieces.push(piece);
+    }
+    if received != range.end - range.start {
+        return Err(BenchError::ShortRange {
+            digest: blob.digest.clone(),
+            start: range.start,
+            end: range.end,
+            actual: received,
+        });
+    }
+    Ok(pieces)
+}

@@ -1,0 +1,453 @@
+//! `rpull bench` as users run it, against a real registry: the JSON has exactly the fields
+//! docs/bench-json.md documents, the CSV has its documented header, `--plot` writes an SVG naming
+//! every stage, the end-to-end stage produces the tree a plain pull produces, and peers that are
+//! not installed are reported, not faked. Runs are kept to one or two on tiny images; no speed is
+//! asserted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Output};
+
+use rpull_testing::{
+    Compression, ImageBuilder, LayerBuilder, RegistryOptions, TestRegistry, TreeSnapshot,
+};
+use serde_json::Value;
+
+const STAGES: [&str; 7] = [
+    "network",
+    "network-ranged",
+    "decompress-1core",
+    "decompress-all",
+    "extract-tmpfs",
+    "extract-disk",
+    "end-to-end",
+];
+
+/// A registry with a two-layer image (gzip, then zstd with a whiteout) pushed as `bench:1`.
+fn registry_with_image() -> (TestRegistry, String) {
+    let registry = TestRegistry::start(RegistryOptions::plain()).expect("starting docker-registry");
+    let data: Vec<u8> = (0..200_000u32)
+        .flat_map(|i| (i.wrapping_mul(2_654_435_761) >> 5).to_le_bytes())
+        .collect();
+    let image = ImageBuilder::new()
+        .layer_tar(
+            &LayerBuilder::new()
+                .dir("usr", 0o755)
+                .file("usr/data", &data, 0o644)
+                .file("usr/old", "old", 0o644)
+                .symlink("usr/link", "data")
+                .build(),
+            Compression::Gzip,
+        )
+        .layer_tar(
+            &LayerBuilder::new()
+                .whiteout("usr/old")
+                .file("etc/motd", "hi\n", 0o644)
+                .build(),
+            Compression::Zstd,
+        )
+        .build();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(registry.push_image(&image, "bench:1"))
+        .expect("pushing");
+    let reference = registry.reference("bench:1");
+    (registry, reference)
+}
+
+/// `rpull ARGS` with PATH limited to a directory with no peer tools in it.
+fn rpull(args: &[&str], empty_path: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rpull"))
+        .args(args)
+        .env("PATH", empty_path)
+        .env("HOME", empty_path)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("running rpull")
+}
+
+fn ok_stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "rpull failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).expect("UTF-8 stdout")
+}
+
+/// `field path -> allowed JSON types` from the docs' field table.
+fn documented_fields() -> BTreeMap<String, BTreeSet<String>> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/bench-json.md"))
+        .expect("reading docs/bench-json.md");
+    let rows: Vec<&str> = doc
+        .lines()
+        .skip_while(|line| !line.starts_with("| field | type | meaning |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .collect();
+    assert!(
+        rows.len() > 50,
+        "the field table was not found in docs/bench-json.md"
+    );
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+            let path = cells[0].trim_matches('`').to_owned();
+            let types = cells[1]
+                .split(" or ")
+                .map(|t| t.trim().to_owned())
+                .collect();
+            (path, types)
+        })
+        .collect()
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_u64() || n.is_i64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Every field path in `value` with the types seen, and the array paths that had elements.
+fn walk(
+    value: &Value,
+    path: &str,
+    seen: &mut BTreeMap<String, BTreeSet<&'static str>>,
+    filled: &mut BTreeSet<String>,
+) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                let child_path = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                seen.entry(child_path.clone())
+                    .or_default()
+                    .insert(json_type(child));
+                walk(child, &child_path, seen, filled);
+            }
+        }
+        Value::Array(items) => {
+            if !items.is_empty() {
+                filled.insert(path.to_owned());
+            }
+            for item in items {
+                // Arrays of strings (notes) have no fields of their own.
+                if item.is_object() {
+                    walk(item, &format!("{path}[]"), seen, filled);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn type_allowed(seen: &str, allowed: &BTreeSet<String>) -> bool {
+    // A JSON number that happens to be whole (0.0 is printed as 0.0, but a reader may see 0) is
+    // still a number; an integer is never documented as a string.
+    allowed.contains(seen) || (seen == "integer" && allowed.contains("number"))
+}
+
+#[test]
+fn bench_json_matches_the_documented_schema() {
+    let (_registry, reference) = registry_with_image();
+    let work = tempfile::tempdir().unwrap();
+    let empty_path = work.path().join("no-tools");
+    std::fs::create_dir(&empty_path).unwrap();
+    let dest = work.path().join("dest/rootfs");
+    let svg = work.path().join("chart.svg");
+    let output = rpull(
+        &[
+            "bench",
+            &reference,
+            "--runs",
+            "2",
+            "--warm",
+            "--json",
+            "--plain-http",
+            "--dest",
+            dest.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+            "--chunk-size",
+            "64KiB,256KiB",
+            "--concurrency",
+            "1,2",
+            "--clients",
+            "1,3",
+            "--compare",
+            "skopeo,crane",
+        ],
+        &empty_path,
+    );
+    let report: Value =
+        serde_json::from_str(&ok_stdout(&output)).expect("--json prints one JSON object");
+
+    // Exactly the documented fields, with the documented types.
+    let documented = documented_fields();
+    let mut seen = BTreeMap::new();
+    let mut filled = BTreeSet::new();
+    walk(&report, "", &mut seen, &mut filled);
+    for (path, types) in &seen {
+        let allowed = documented
+            .get(path)
+            .unwrap_or_else(|| panic!("`{path}` is in the JSON but not in docs/bench-json.md"));
+        for seen_type in types {
+            assert!(
+                type_allowed(seen_type, allowed),
+                "`{path}` is {seen_type}, documented as {allowed:?}"
+            );
+        }
+    }
+    for path in documented.keys() {
+        // A field of the elements of an array that is empty in this run cannot be seen.
+        let in_empty_array = path
+            .match_indices("[]")
+            .any(|(at, _)| !filled.contains(&path[..at]));
+        // Nor a field of an object that is null everywhere in this run.
+        let in_null_object = path.rsplit_once('.').is_some_and(|(parent, _)| {
+            !seen
+                .get(parent)
+                .is_some_and(|types| types.contains("object"))
+        });
+        if !in_empty_array && !in_null_object {
+            assert!(
+                seen.contains_key(path),
+                "`{path}` is documented but not in the JSON"
+            );
+        }
+    }
+
+    // Figures consistent with what the image holds.
+    assert_eq!(report["schema_version"], 1);
+    assert_eq!(report["layers"], 2);
+    let stages: Vec<&str> = report["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, STAGES);
+    let compressed = report["compressed_bytes"].as_u64().unwrap();
+    let tar = report["uncompressed_bytes"].as_u64().unwrap();
+    let entries = report["entries"].as_u64().unwrap();
+    for stage in report["stages"].as_array().unwrap() {
+        let samples = stage["samples"].as_array().unwrap();
+        assert_eq!(samples.len(), 2, "{stage}");
+        for sample in samples {
+            match stage["stage"].as_str().unwrap() {
+                "decompress-1core" | "decompress-all" => {
+                    assert_eq!(sample["bytes_in"].as_u64(), Some(compressed));
+                    assert_eq!(sample["bytes_out"].as_u64(), Some(tar));
+                }
+                "extract-tmpfs" | "extract-disk" => {
+                    assert_eq!(sample["bytes_in"].as_u64(), Some(tar));
+                    assert_eq!(sample["files"].as_u64(), Some(entries));
+                }
+                "end-to-end" => {
+                    assert_eq!(sample["bytes_in"].as_u64(), Some(compressed));
+                    assert!(
+                        sample["cpu_seconds"].as_f64().unwrap() > 0.0,
+                        "the child's CPU is measured"
+                    );
+                    assert!(
+                        sample["peak_rss_bytes"].as_u64().unwrap() > 1 << 20,
+                        "the child's peak RSS is measured"
+                    );
+                }
+                _ => assert!(
+                    sample["bytes_in"].as_u64().unwrap() > compressed,
+                    "network stages also fetch the config"
+                ),
+            }
+        }
+    }
+    assert!(report["pipeline_floor_seconds"].as_f64().unwrap() > 0.0);
+    assert!(report["bounding_stage"].is_string());
+    let sweeps: Vec<&str> = report["sweeps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["parameter"].as_str().unwrap())
+        .collect();
+    assert_eq!(sweeps, ["concurrency", "chunk-size", "clients"]);
+    let clients = &report["sweeps"][2]["points"];
+    assert_eq!(clients[1]["value"], 3);
+    assert_eq!(clients[1]["count"], 6, "2 runs x 3 clients");
+
+    // Peers that are not installed are reported with the reason, never with a number.
+    let peers = report["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 2);
+    for peer in peers {
+        assert!(
+            peer["seconds"].is_null() && peer["samples"].as_array().unwrap().is_empty(),
+            "{peer}"
+        );
+        assert!(
+            peer["skipped"]
+                .as_str()
+                .is_some_and(|reason| !reason.is_empty()),
+            "{peer}"
+        );
+    }
+
+    // The chart: a whole SVG document naming every stage and peer.
+    let chart = std::fs::read_to_string(&svg).expect("--plot wrote the file");
+    assert!(
+        chart.trim_start().starts_with("<svg") || chart.trim_start().starts_with("<?xml"),
+        "{}",
+        &chart[..100]
+    );
+    assert!(chart.trim_end().ends_with("</svg>"));
+    assert_eq!(
+        chart.matches("<text").count(),
+        chart.matches("</text>").count()
+    );
+    for name in STAGES.iter().chain(&["skopeo", "crane", "rpull pull"]) {
+        assert!(chart.contains(name), "{name} is in the chart");
+    }
+
+    // The end-to-end stage left the last pull in --dest: the same tree as a plain pull.
+    let plain = work.path().join("plain");
+    ok_stdout(&rpull(
+        &[
+            "pull",
+            "--quiet",
+            "--plain-http",
+            &reference,
+            plain.to_str().unwrap(),
+        ],
+        &empty_path,
+    ));
+    let options = rpull_testing::DiffOptions::default();
+    rpull_testing::assert_trees_equal(
+        &TreeSnapshot::capture(&dest).unwrap(),
+        &TreeSnapshot::capture(&plain).unwrap(),
+        &options,
+    );
+}
+
+#[test]
+fn bench_csv_has_the_documented_header_and_a_row_per_stage_and_point() {
+    let (_registry, reference) = registry_with_image();
+    let work = tempfile::tempdir().unwrap();
+    let output = rpull(
+        &[
+            "bench",
+            &reference,
+            "--runs",
+            "1",
+            "--warm",
+            "--csv",
+            "--plain-http",
+            "--tmpfs",
+            "--clients",
+            "1,2",
+        ],
+        work.path(),
+    );
+    let csv = ok_stdout(&output);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], rpull_bench::report::CSV_HEADER);
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/bench-json.md"))
+        .unwrap();
+    assert!(
+        doc.lines().any(|line| line == lines[0]),
+        "the header is documented verbatim"
+    );
+    let columns = lines[0].split(',').count();
+    let rows: Vec<Vec<String>> = lines[1..].iter().map(|line| split_csv(line)).collect();
+    for row in &rows {
+        assert_eq!(row.len(), columns, "{row:?}");
+    }
+    let names: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str()))
+        .collect();
+    let mut expected: Vec<(&str, &str, &str)> = STAGES.iter().map(|s| ("stage", *s, "")).collect();
+    expected.extend([("sweep", "clients", "1"), ("sweep", "clients", "2")]);
+    assert_eq!(names, expected);
+}
+
+#[test]
+fn bench_table_lists_every_stage_and_the_floor() {
+    let (_registry, reference) = registry_with_image();
+    let work = tempfile::tempdir().unwrap();
+    let table = ok_stdout(&rpull(
+        &["bench", &reference, "--runs", "1", "--warm", "--plain-http"],
+        work.path(),
+    ));
+    for stage in STAGES {
+        assert!(
+            table.lines().any(|line| line.starts_with(stage)),
+            "{stage} has a row:\n{table}"
+        );
+    }
+    for expected in [
+        "median s",
+        "MB/s in",
+        "peak RSS MB",
+        "bounding stage:",
+        "pipeline floor:",
+        "machine:",
+        "caches:",
+    ] {
+        assert!(table.contains(expected), "{expected}:\n{table}");
+    }
+}
+
+#[test]
+fn bench_needs_a_reference_and_refuses_bad_values() {
+    let work = tempfile::tempdir().unwrap();
+    let output = rpull(&["bench"], work.path());
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    for bad in [
+        &["bench", "x", "--runs", "0"][..],
+        &["bench", "x", "--chunk-size", "8XB"],
+        &["bench", "x", "--dest", "d", "--tmpfs"],
+    ] {
+        let output = rpull(bad, work.path());
+        assert_eq!(output.status.code(), Some(2), "{bad:?}: {output:?}");
+    }
+    let output = rpull(&["bench", "x", "--compare", "nosuchtool"], work.path());
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--compare"),
+        "{output:?}"
+    );
+    let help = ok_stdout(&rpull(&["bench", "generate", "--help"], work.path()));
+    assert!(
+        help.contains("--from-dir") && help.contains("--sizes"),
+        "{help}"
+    );
+}
+
+/// Splits one CSV line (RFC 4180 quotes).
+fn split_csv(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                fields.last_mut().unwrap().push('"');
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => fields.push(String::new()),
+            (c, _) => fields.last_mut().unwrap().push(c),
+        }
+    }
+    fields
+}
