@@ -24,6 +24,13 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
     if args.no_chown {
         options.extract.chown = false;
     }
+    options.extract.backend = args.io.into();
+    options.fsync = args.fsync.parse().map_err(anyhow::Error::msg)?;
+    if args.connections_per_blob == 0 {
+        bail!("--connections-per-blob must be at least 1");
+    }
+    options.chunk_size = args.chunk_size;
+    options.connections_per_blob = args.connections_per_blob;
 
     let progress = Progress::new(&args.output);
     let sink = progress.clone();

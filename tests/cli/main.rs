@@ -3,6 +3,7 @@
 
 mod auth;
 mod common;
+mod fast_path;
 mod help;
 mod interrupt;
 mod output;
