@@ -6,6 +6,7 @@ mod common;
 mod fast_path;
 mod help;
 mod interrupt;
+mod memory;
 mod output;
 mod ownership;
 mod transport;

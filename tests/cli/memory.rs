@@ -1,0 +1,69 @@
+//! Memory stays bounded whatever the layer's size: a pull of an image whose layers are far
+//! larger than the bound keeps the process's peak RSS under 256 MiB (measured from its VmHWM,
+//! not from wait4, whose ru_maxrss includes the parent's RSS at fork).
+
+use rpull_bench::resources::run_measured;
+use rpull_testing::{Compression, ImageBuilder, LayerBuilder, RegistryOptions, TestRegistry};
+
+use crate::common::{Sandbox, block_on};
+
+const LIMIT: u64 = 256 << 20;
+
+/// Incompressible (xorshift) bytes, so the compressed layer is as large as the tar.
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        out.extend_from_slice(&state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+#[test]
+fn peak_rss_stays_under_256_mib_for_layers_larger_than_that() {
+    let registry = TestRegistry::start(RegistryOptions::plain()).unwrap();
+    // Two layers of 192 MiB each (384 MiB in all, uncompressed and gzip) pulled at once.
+    let image = ImageBuilder::new()
+        .layer(
+            LayerBuilder::new().file("a/big", random_bytes(192 << 20, 1), 0o644),
+            Compression::None,
+        )
+        .layer(
+            LayerBuilder::new().file("b/big", random_bytes(192 << 20, 2), 0o644),
+            Compression::Gzip,
+        )
+        .build();
+    block_on(registry.push_image(&image, "big:1")).expect("push");
+    drop(image);
+
+    let sandbox = Sandbox::new();
+    let dest = sandbox.join("rootfs");
+    let mut command = sandbox
+        .rpull()
+        .args(["pull", "--quiet", "--fsync", "none"])
+        .arg(registry.reference("big:1"))
+        .arg(&dest)
+        .into_command();
+    let run = run_measured(&mut command).expect("running rpull");
+    assert!(run.status.success(), "rpull failed: {}", run.stderr_tail);
+    assert_eq!(
+        std::fs::metadata(dest.join("a/big")).unwrap().len(),
+        192 << 20
+    );
+    assert_eq!(
+        std::fs::metadata(dest.join("b/big")).unwrap().len(),
+        192 << 20
+    );
+    let peak = run.sample.peak_rss_bytes.expect("peak RSS measured");
+    // The measurement must see the process at all (a few MiB at least).
+    assert!(peak > 4 << 20, "implausible peak RSS {peak}");
+    assert!(
+        peak < LIMIT,
+        "peak RSS {} MiB is over the 256 MiB bound",
+        peak >> 20
+    );
+}
