@@ -3,25 +3,13 @@
 //! not from wait4, whose ru_maxrss includes the parent's RSS at fork).
 
 use rpull_bench::resources::run_measured;
-use rpull_testing::{Compression, ImageBuilder, LayerBuilder, RegistryOptions, TestRegistry};
+use rpull_testing::{
+    Compression, ImageBuilder, LayerBuilder, RegistryOptions, TestRegistry, random_bytes,
+};
 
 use crate::common::{Sandbox, block_on};
 
 const LIMIT: u64 = 256 << 20;
-
-/// Incompressible (xorshift) bytes, so the compressed layer is as large as the tar.
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        out.extend_from_slice(&state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 #[test]
 fn peak_rss_stays_under_256_mib_for_layers_larger_than_that() {

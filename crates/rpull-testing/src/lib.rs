@@ -10,6 +10,7 @@ mod image;
 mod layer;
 mod proxy;
 mod push;
+mod random;
 mod registry;
 mod token;
 mod tree;
@@ -17,6 +18,7 @@ mod umoci;
 
 pub use layer::{DEFAULT_MTIME, LayerBuilder};
 pub use proxy::TestProxy;
+pub use random::random_bytes;
 // The image builders and push moved to the published `rpull-image`; the same names stay here.
 pub use registry::{
     REGISTRY_BINARY, RegistryAuth, RegistryOptions, TestRegistry, free_port, plain_config_yaml,

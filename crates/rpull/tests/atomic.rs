@@ -14,22 +14,8 @@ use rpull::{LayerState, PullError, PullEvent, PullOptions, Puller, Reference};
 use rpull_registry::{DigestAlgorithm, Hasher, VerifyError};
 use rpull_testing::{
     Compression, Image, ImageBuilder, ImageLayer, LayerBuilder, LayerData, TestRegistry,
-    media_type, sha256_digest,
+    media_type, random_bytes, sha256_digest,
 };
-
-/// Deterministic incompressible bytes (xorshift64*), so big layers stay big under gzip.
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        out.extend_from_slice(&state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// Where the registry keeps a blob's bytes: under the sha256 of its content, whatever digest
 /// it was pushed by.

@@ -7,23 +7,9 @@ use std::collections::BTreeSet;
 
 use common::{Env, chain, layer_states, paths, snapshot};
 use rpull::{LayerState, PullEvent, PullOptions};
-use rpull_testing::{Compression, Image, ImageBuilder, LayerBuilder};
+use rpull_testing::{Compression, Image, ImageBuilder, LayerBuilder, random_bytes};
 
 const LAYERS: usize = 4;
-
-/// Deterministic incompressible bytes (xorshift64*).
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        out.extend_from_slice(&state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// Four layers of 3 MiB each (many chunks and progress events per layer), each also
 /// overwriting `order`.

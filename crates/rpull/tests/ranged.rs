@@ -6,20 +6,7 @@ mod common;
 
 use common::{Env, assert_nothing_committed, chain};
 use rpull::{PullError, PullOptions};
-use rpull_testing::{Compression, ImageBuilder, LayerBuilder, sha256_digest};
-
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        out.extend_from_slice(&state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+use rpull_testing::{Compression, ImageBuilder, LayerBuilder, random_bytes, sha256_digest};
 
 fn ranged(chunk_size: u64) -> PullOptions {
     PullOptions {
