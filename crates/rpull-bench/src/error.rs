@@ -39,18 +39,6 @@ pub enum BenchError {
         #[source]
         source: VerifyError,
     },
-    /// A ranged GET returned another number of bytes than asked for.
-    #[error("blob {digest}: bytes {start}..{end} came back as {actual} bytes")]
-    ShortRange {
-        /// The blob.
-        digest: Digest,
-        /// First byte asked for.
-        start: u64,
-        /// One past the last byte asked for.
-        end: u64,
-        /// Bytes received.
-        actual: u64,
-    },
     /// Decoding a layer failed.
     #[error("decompressing layer {index} ({digest}) from {path}")]
     Decompress {

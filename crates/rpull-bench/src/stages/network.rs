@@ -1,9 +1,6 @@
 //! `network` and `network-ranged`: every blob of the image fetched at once, digest and size
 //! verified as the bytes pass, the bytes discarded.
 
-use std::ops::Range;
-
-use bytes::Bytes;
 use futures_util::StreamExt as _;
 use rpull::Reference;
 use rpull::registry::{Client, Descriptor, DigestVerifier};
@@ -139,18 +136,19 @@ async fn fetch_blob_ranged(
         // No range can describe an empty blob.
         return fetch_blob(client, reference, blob).await;
     }
-    let ranges =
-        (0..blob.size.div_ceil(chunk)).map(|i| i * chunk..((i + 1) * chunk).min(blob.size));
-    // `buffered` keeps RANGE_WINDOW requests in flight and yields them in order, so the digest is
-    // computed over the blob front to back.
-    let mut chunks = futures_util::stream::iter(ranges)
-        .map(|range| fetch_range(client, reference, blob, range))
-        .buffered(RANGE_WINDOW);
+    let fetch_error = |source| BenchError::Fetch {
+        reference: reference.to_string(),
+        digest: blob.digest.clone(),
+        range: None,
+        source: Box::new(source),
+    };
+    // The same ranged download `rpull pull --chunk-size` runs (in order, each range retried on
+    // transient errors), so the stage measures what users get.
+    let mut chunks =
+        client.get_blob_ranged(reference, &blob.digest, blob.size, chunk, RANGE_WINDOW);
     let mut verifier = DigestVerifier::new(&blob.digest, Some(blob.size));
-    while let Some(pieces) = chunks.next().await {
-        for piece in pieces? {
-            verifier.update(&piece);
-        }
+    while let Some(piece) = chunks.next().await {
+        verifier.update(&piece.map_err(fetch_error)?);
     }
     let seen = verifier.bytes_seen();
     verifier.finish().map_err(|source| BenchError::Verify {
@@ -158,39 +156,4 @@ async fn fetch_blob_ranged(
         source,
     })?;
     Ok(seen)
-}
-
-/// One ranged GET, collected (as the pieces received, not copied).
-async fn fetch_range(
-    client: &Client,
-    reference: &Reference,
-    blob: &Descriptor,
-    range: Range<u64>,
-) -> Result<Vec<Bytes>, BenchError> {
-    let fetch_error = |source| BenchError::Fetch {
-        reference: reference.to_string(),
-        digest: blob.digest.clone(),
-        range: Some((range.start, range.end)),
-        source: Box::new(source),
-    };
-    let mut stream = client
-        .get_blob_range(reference, &blob.digest, range.clone())
-        .await
-        .map_err(fetch_error)?;
-    let mut pieces = Vec::new();
-    let mut received = 0u64;
-    while let Some(piece) = stream.next().await {
-        let piece = piece.map_err(fetch_error)?;
-        received += piece.len() as u64;
-        pieces.push(piece);
-    }
-    if received != range.end - range.start {
-        return Err(BenchError::ShortRange {
-            digest: blob.digest.clone(),
-            start: range.start,
-            end: range.end,
-            actual: received,
-        });
-    }
-    Ok(pieces)
 }
