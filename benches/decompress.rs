@@ -1,8 +1,10 @@
 //! Decompression of one layer-like tar (64 MiB; 256 MiB with `RPULL_BENCH_FULL=1`), per codec and
 //! backend, from memory to nothing; throughput is bytes of *output* (the tar).
 //!
-//! * `gzip/zlib-rs`: `rpull_decompress::decoder`, i.e. flate2's `MultiGzDecoder` on zlib-rs, what
-//!   rpull runs.
+//! * `gzip/isal`: `rpull_decompress::decoder_with(.., GzipBackend::Isal)`, ISA-L's `isal_inflate`,
+//!   what rpull runs (the default backend of a build with the `isal` feature).
+//! * `gzip/zlib-rs`: `rpull_decompress::decoder_with(.., GzipBackend::ZlibRs)`, flate2's
+//!   `MultiGzDecoder` on zlib-rs (what rpull runs when built without ISA-L).
 //! * `gzip/miniz_oxide`: flate2's pure-Rust default backend, driven directly (flate2's backend is
 //!   one feature for the whole build, so it cannot sit beside zlib-rs), with the same CRC-32 check
 //!   of the gzip trailer flate2 does.
@@ -18,7 +20,7 @@ use std::io::Read;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use miniz_oxide::inflate::stream::{InflateState, inflate};
 use miniz_oxide::{DataFormat, MZError, MZFlush, MZStatus};
-use rpull_decompress::{Codec, decoder};
+use rpull_decompress::{Codec, GzipBackend, decoder_with};
 
 use common::{KIB, MIB};
 
@@ -36,7 +38,14 @@ fn drain(mut reader: impl Read, buf: &mut [u8]) -> usize {
 }
 
 fn rpull_decoder(codec: Codec, compressed: &[u8], buf: &mut [u8]) -> usize {
-    drain(decoder(codec, compressed).expect("decoder"), buf)
+    rpull_gzip(GzipBackend::default(), codec, compressed, buf)
+}
+
+fn rpull_gzip(backend: GzipBackend, codec: Codec, compressed: &[u8], buf: &mut [u8]) -> usize {
+    drain(
+        decoder_with(codec, compressed, backend).expect("decoder"),
+        buf,
+    )
 }
 
 /// Length of a gzip member header (RFC 1952) at the start of `data`.
@@ -104,16 +113,20 @@ fn bench(c: &mut Criterion) {
     let mut buf = vec![0u8; 128 * KIB];
     let mut state = InflateState::new_boxed(DataFormat::Raw);
     // Every backend must give back the tar before it is timed.
-    assert_eq!(rpull_decoder(Codec::Gzip, &gzip, &mut buf), tar.len());
+    for &backend in GzipBackend::ALL {
+        assert_eq!(rpull_gzip(backend, Codec::Gzip, &gzip, &mut buf), tar.len());
+    }
     assert_eq!(miniz_gunzip(&gzip, &mut buf, &mut state), tar.len());
     assert_eq!(rpull_decoder(Codec::Zstd, &zstd, &mut buf), tar.len());
 
     let mut group = c.benchmark_group(format!("decompress/{}MiB", size / MIB));
     common::quick(&mut group);
     group.throughput(Throughput::Bytes(tar.len() as u64));
-    group.bench_function("gzip/zlib-rs", |b| {
-        b.iter(|| rpull_decoder(Codec::Gzip, black_box(&gzip), &mut buf))
-    });
+    for &backend in GzipBackend::ALL {
+        group.bench_function(format!("gzip/{backend}"), |b| {
+            b.iter(|| rpull_gzip(backend, Codec::Gzip, black_box(&gzip), &mut buf))
+        });
+    }
     group.bench_function("gzip/miniz_oxide", |b| {
         b.iter(|| miniz_gunzip(black_box(&gzip), &mut buf, &mut state))
     });

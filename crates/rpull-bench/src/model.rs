@@ -61,6 +61,9 @@ pub struct StageResult {
 pub struct CodecThroughput {
     /// `gzip`, `zstd` or `identity` (what the magic bytes showed).
     pub codec: String,
+    /// The implementation that decoded it: `isal` or `zlib-rs` for gzip (see
+    /// `rpull_decompress::GzipBackend`), `libzstd` for zstd, `copy` for identity.
+    pub implementation: String,
     /// Layers with this codec.
     pub layers: usize,
     /// Compressed bytes of these layers.

@@ -122,7 +122,7 @@ pub fn render_table(report: &BenchReport) -> String {
         for codec in &stage.codecs {
             codecs.row(vec![
                 stage.stage.clone(),
-                codec.codec.clone(),
+                format!("{} ({})", codec.codec, codec.implementation),
                 codec.layers.to_string(),
                 or_dash(codec.mb_per_s_in, rate),
                 or_dash(codec.mb_per_s_out, rate),

@@ -1,5 +1,6 @@
 //! `decompress-1core` and `decompress-all`: the layer blobs held locally decoded to a sink.
 
+use rpull_decompress::Codec;
 use std::io::{self, BufReader, Read};
 use std::time::Instant;
 
@@ -130,6 +131,15 @@ fn median_index(values: &[f64]) -> usize {
     order[(values.len() - 1) / 2]
 }
 
+/// What decodes `codec` in this build (what `rpull pull` runs).
+fn implementation(codec: Codec) -> &'static str {
+    match codec {
+        Codec::Gzip => rpull_decompress::GzipBackend::default().name(),
+        Codec::Zstd => "libzstd",
+        Codec::Identity => "copy",
+    }
+}
+
 fn codec_throughput(layers: &[LocalLayer], seconds: &[f64]) -> Vec<CodecThroughput> {
     let mut codecs: Vec<(CodecThroughput, f64)> = Vec::new();
     for (layer, &secs) in layers.iter().zip(seconds) {
@@ -140,6 +150,7 @@ fn codec_throughput(layers: &[LocalLayer], seconds: &[f64]) -> Vec<CodecThroughp
                 codecs.push((
                     CodecThroughput {
                         codec: name.to_owned(),
+                        implementation: implementation(layer.codec).to_owned(),
                         layers: 0,
                         bytes_in: 0,
                         bytes_out: 0,
