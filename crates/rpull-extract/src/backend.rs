@@ -64,12 +64,16 @@ pub struct NewFile<'a> {
     pub metadata: FileMetadata<'a>,
 }
 
-/// Creates regular files, writes their data and applies their metadata.
+/// Creates regular files, writes their data and applies their metadata, and creates, renames and
+/// removes names (directories, symlinks, hardlinks).
 ///
-/// The extractor resolves and creates everything else itself (directories, symlinks, hardlinks,
-/// devices); a backend only sees the hot path of a layer, one [`write_file`](Self::write_file) per
-/// regular file, in tar order. A backend may defer the work (queue it and complete it later, in
-/// batches); the contract keeps the extractor's view consistent:
+/// A backend sees the hot path of a layer, one [`write_file`](Self::write_file) per regular file,
+/// in tar order, and the namespace operations of the extractor and the merge
+/// ([`mkdir`](Self::mkdir), [`symlink`](Self::symlink), [`link`](Self::link),
+/// [`rename`](Self::rename), [`unlink`](Self::unlink)). Device nodes and fifos (`mknodat`), metadata
+/// by name and the confined path walks stay plain system calls in the extractor. A backend may
+/// defer file work (queue it and complete it later, in batches); the contract keeps the
+/// extractor's view consistent:
 ///
 /// * `write_file` consumes `data` to its end before returning (the next entry follows in the same
 ///   stream), and reports a failure to read it as [`ExtractError::Tar`] naming the entry.
@@ -84,6 +88,15 @@ pub struct NewFile<'a> {
 ///   metadata when it returns. The extractor calls it before anything that could depend on a
 ///   pending file (an operation on the same name, a hardlink, a removal, another directory, the
 ///   end of the layer).
+/// * A namespace operation has taken effect when it returns (its result decides what the caller
+///   does next), in order after every file accepted so far: a backend that defers something a
+///   name depends on (creating the file, metadata by name) completes that first. Its errors are
+///   the bare [`Errno`] of the operation (the caller names the entry); errors of deferred file
+///   work are not mixed into them (a failure of the backend itself is returned as the operation's
+///   errno and again by the next `write_file` or `flush`). Directory descriptors and names are
+///   borrowed for the call only.
+///
+/// The namespace operations default to the plain `*at` system calls.
 pub trait IoBackend: Debug + Send {
     /// Creates `file.name` in `file.parent` (`O_CREAT|O_EXCL|O_NOFOLLOW`), writes `data` to its
     /// end into it and applies `file.metadata`, now or later. Returns the number of bytes read from
@@ -96,6 +109,97 @@ pub trait IoBackend: Debug + Send {
     fn has_pending(&self) -> bool;
     /// Whether an existing entry was removed to create a file since the last call.
     fn take_replaced(&mut self) -> bool;
+
+    /// `mkdirat(dir, name, mode)`: creates the directory `name` with `mode` (before the umask).
+    fn mkdir(&mut self, dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> Result<(), Errno> {
+        syscall::mkdir(dir, name, mode)
+    }
+
+    /// `symlinkat(target, dir, name)`: creates the symlink `name` holding `target` verbatim.
+    fn symlink(&mut self, target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+        syscall::symlink(target, dir, name)
+    }
+
+    /// `linkat(old_dir, old_name, new_dir, new_name, 0)`: `new_name` becomes another name of the
+    /// inode at `old_name` (a symlink there is linked itself, not followed).
+    fn link(
+        &mut self,
+        old_dir: BorrowedFd<'_>,
+        old_name: &CStr,
+        new_dir: BorrowedFd<'_>,
+        new_name: &CStr,
+    ) -> Result<(), Errno> {
+        syscall::link(old_dir, old_name, new_dir, new_name)
+    }
+
+    /// `renameat(old_dir, old_name, new_dir, new_name)`, or `renameat2(.., RENAME_NOREPLACE)` when
+    /// `noreplace` (`EEXIST` when `new_name` exists; `EINVAL` from file systems without it).
+    fn rename(
+        &mut self,
+        old_dir: BorrowedFd<'_>,
+        old_name: &CStr,
+        new_dir: BorrowedFd<'_>,
+        new_name: &CStr,
+        noreplace: bool,
+    ) -> Result<(), Errno> {
+        syscall::rename(old_dir, old_name, new_dir, new_name, noreplace)
+    }
+
+    /// `unlinkat(dir, name, 0)`, or `unlinkat(dir, name, AT_REMOVEDIR)` (an empty directory) when
+    /// `remove_dir`. A directory without `remove_dir` gives `EISDIR` (Linux).
+    fn unlink(&mut self, dir: BorrowedFd<'_>, name: &CStr, remove_dir: bool) -> Result<(), Errno> {
+        syscall::unlink(dir, name, remove_dir)
+    }
+}
+
+/// The namespace operations as plain system calls: the defaults of [`IoBackend`], and what a
+/// backend falls back to when it cannot do one itself.
+pub(crate) mod syscall {
+    use std::ffi::CStr;
+    use std::os::fd::BorrowedFd;
+
+    use rustix::fs::{AtFlags, Mode, RenameFlags};
+    use rustix::io::Errno;
+
+    pub(crate) fn mkdir(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> Result<(), Errno> {
+        rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(mode))
+    }
+
+    pub(crate) fn symlink(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+        rustix::fs::symlinkat(target, dir, name)
+    }
+
+    pub(crate) fn link(
+        old_dir: BorrowedFd<'_>,
+        old_name: &CStr,
+        new_dir: BorrowedFd<'_>,
+        new_name: &CStr,
+    ) -> Result<(), Errno> {
+        rustix::fs::linkat(old_dir, old_name, new_dir, new_name, AtFlags::empty())
+    }
+
+    pub(crate) fn rename(
+        old_dir: BorrowedFd<'_>,
+        old_name: &CStr,
+        new_dir: BorrowedFd<'_>,
+        new_name: &CStr,
+        noreplace: bool,
+    ) -> Result<(), Errno> {
+        if noreplace {
+            rustix::fs::renameat_with(old_dir, old_name, new_dir, new_name, RenameFlags::NOREPLACE)
+        } else {
+            rustix::fs::renameat(old_dir, old_name, new_dir, new_name)
+        }
+    }
+
+    pub(crate) fn unlink(dir: BorrowedFd<'_>, name: &CStr, remove_dir: bool) -> Result<(), Errno> {
+        let flags = if remove_dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        rustix::fs::unlinkat(dir, name, flags)
+    }
 }
 
 /// Plain blocking `openat`/`write`/`fchown`/`fchmod`/`futimens`/`close`, filling a 1 MiB buffer
@@ -123,8 +227,9 @@ impl IoBackend for StdBackend {
     fn write_file(&mut self, file: &NewFile<'_>, data: &mut dyn Read) -> Result<u64, ExtractError> {
         let parent = file.parent.as_fd();
         let mut total = 0u64;
-        let fd = create_replacing(parent, file.name, file.create_mode, &mut self.replaced)
+        let (fd, replaced) = create_replacing(self, parent, file.name, file.create_mode)
             .map_err(|errno| io_error(file.entry, "creating file", errno))?;
+        self.replaced |= replaced;
         loop {
             let filled = fill(&mut self.buffer, data).map_err(|source| ExtractError::Tar {
                 entry: entry_path(file.entry),
@@ -155,25 +260,25 @@ impl IoBackend for StdBackend {
 }
 
 /// `openat(parent, name, CREATE_FLAGS, mode)`; when the name exists, removes what is there
-/// (recursively) and creates it again, setting `replaced`.
+/// (recursively, through `backend`'s namespace operations) and creates it again. The `bool` says
+/// whether something was removed (for [`IoBackend::take_replaced`]).
 pub(crate) fn create_replacing(
+    backend: &mut dyn IoBackend,
     parent: BorrowedFd<'_>,
     name: &CStr,
     mode: u32,
-    replaced: &mut bool,
-) -> Result<OwnedFd, Errno> {
+) -> Result<(OwnedFd, bool), Errno> {
     let create = || rustix::fs::openat(parent, name, CREATE_FLAGS, Mode::from_raw_mode(mode));
     match create() {
         Err(Errno::EXIST) => {
             debug!(name = ?name, "replacing an earlier entry of the same layer");
-            match remove_all_at(parent, name) {
+            match remove_all_at(backend, parent, name) {
                 Ok(()) | Err(Errno::NOENT) => {}
                 Err(errno) => return Err(errno),
             }
-            *replaced = true;
-            create()
+            Ok((create()?, true))
         }
-        other => other,
+        other => Ok((other?, false)),
     }
 }
 

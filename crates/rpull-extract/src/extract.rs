@@ -1,7 +1,7 @@
 //! `extract_layer`: one tar stream into one directory.
 
 use std::collections::HashSet;
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
@@ -37,13 +37,24 @@ pub fn extract_layer(
     target: &Path,
     options: &ExtractOptions,
 ) -> Result<LayerSummary, ExtractError> {
+    let mut backend = new_backend(options.backend, options.chown, target)?;
+    extract_with(tar, target, options, backend.as_mut())
+}
+
+/// [`extract_layer`] with the given backend (`options.backend` is not looked at).
+pub(crate) fn extract_with(
+    tar: impl Read,
+    target: &Path,
+    options: &ExtractOptions,
+    backend: &mut dyn IoBackend,
+) -> Result<LayerSummary, ExtractError> {
     let tree = Tree::open(target)?;
     let creation = Creation::probe(target, tree.root());
     let mut extractor = Extractor {
         tree,
         creation,
         options,
-        backend: new_backend(options.backend, options.chown, target)?,
+        backend,
         summary: LayerSummary::default(),
         xattrs: XattrPolicy::new(options.chown),
         metadata: EntryMetadata::default(),
@@ -83,7 +94,8 @@ struct Extractor<'a> {
     /// What a new file gets without asking (skips `fchmod`/`fchown` that would change nothing).
     creation: Creation,
     options: &'a ExtractOptions,
-    backend: Box<dyn IoBackend>,
+    /// Writes the regular files and runs the namespace operations (mkdir, symlink, link, unlink).
+    backend: &'a mut dyn IoBackend,
     summary: LayerSummary,
     xattrs: XattrPolicy,
     metadata: EntryMetadata,
@@ -195,7 +207,8 @@ impl Extractor<'_> {
     ) -> Result<(), ExtractError> {
         if name == OPAQUE_MARKER {
             // The directory itself exists in this layer even when the tar has no entry for it.
-            self.tree.parent_dir(parent, true, path)?;
+            self.tree
+                .parent_dir(parent, Some(&mut *self.backend), path)?;
             self.summary.opaque_dirs.push(entry_path(parent));
             return Ok(());
         }
@@ -230,16 +243,18 @@ impl Extractor<'_> {
     }
 
     fn directory(&mut self, path: &[u8], parent: &[u8], name: &CStr) -> Result<(), ExtractError> {
-        let dir = self.tree.parent_dir(parent, true, path)?;
-        match rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700)) {
+        let dir = self
+            .tree
+            .parent_dir(parent, Some(&mut *self.backend), path)?;
+        match self.backend.mkdir(dir, name, 0o700) {
             Ok(()) => {}
             Err(Errno::EXIST) => {
                 let existing =
                     file_type_at(dir, name).map_err(|errno| io_error(path, "inspecting", errno))?;
                 if existing != Some(FileType::Directory) {
                     // A file, symlink, ... replaced by a directory.
-                    self.replace(parent, name, path, |dir| {
-                        rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
+                    self.replace(parent, name, path, |backend, dir| {
+                        backend.mkdir(dir, name, 0o700)
                     })?;
                 }
             }
@@ -263,7 +278,9 @@ impl Extractor<'_> {
             self.metadata.gid,
             self.options.chown,
         );
-        let parent_dir = self.tree.shared_parent_dir(parent, true, path)?;
+        let parent_dir = self
+            .tree
+            .shared_parent_dir(parent, Some(&mut *self.backend), path)?;
         let file = NewFile {
             parent: parent_dir,
             name,
@@ -305,11 +322,13 @@ impl Extractor<'_> {
         name: &CStr,
         target: &[u8],
     ) -> Result<(), ExtractError> {
-        // The target is stored verbatim: it is only ever resolved by our own confined walk.
-        self.create(parent, name, path, |dir| {
-            rustix::fs::symlinkat(target, dir, name)
+        // The target is stored verbatim: it is only ever resolved by our own confined walk. A NUL
+        // byte in it is the EINVAL `symlinkat` would give.
+        let target = CString::new(target).map_err(|_| io_error(path, "creating", Errno::INVAL))?;
+        self.create(parent, name, path, |backend, dir| {
+            backend.symlink(&target, dir, name)
         })?;
-        let dir = self.tree.parent_dir(parent, false, path)?;
+        let dir = self.tree.parent_dir(parent, None, path)?;
         apply_nofollow(
             dir,
             name,
@@ -353,7 +372,7 @@ impl Extractor<'_> {
             return Err(invalid(path, "hardlink to the root directory"));
         }
         let (target_parent, target_name) = split_parent(target);
-        let target_name = std::ffi::CString::new(target_name)
+        let target_name = CString::new(target_name)
             .map_err(|_| invalid(path, "hardlink target contains a NUL byte"))?;
         let target_dir = match self.tree.lookup_dir(target_parent, path) {
             Ok(dir) => Some(dir),
@@ -371,18 +390,21 @@ impl Extractor<'_> {
         };
         match (target_dir, present) {
             (Some(target_dir), Some(_)) => {
-                self.create(parent, name, path, |dir| {
-                    rustix::fs::linkat(&target_dir, &target_name, dir, name, AtFlags::empty())
+                self.create(parent, name, path, |backend, dir| {
+                    backend.link(target_dir.as_fd(), &target_name, dir, name)
                 })?;
             }
             _ => {
                 // Not written by this layer: a file of an earlier layer, linked by the merge.
-                let dir = self.tree.parent_dir(parent, true, path)?;
+                let dir = self
+                    .tree
+                    .parent_dir(parent, Some(&mut *self.backend), path)?;
                 if file_type_at(dir, name)
                     .map_err(|errno| io_error(path, "inspecting", errno))?
                     .is_some()
                 {
-                    remove_all_at(dir, name).map_err(|errno| io_error(path, "removing", errno))?;
+                    remove_all_at(&mut *self.backend, dir, name)
+                        .map_err(|errno| io_error(path, "removing", errno))?;
                     self.tree.invalidate();
                 }
                 debug!(entry = %lossy(path), target = %lossy(target), "hardlink target not in this layer; deferred to the merge");
@@ -423,10 +445,11 @@ impl Extractor<'_> {
         };
         let mode = Mode::from_raw_mode(self.metadata.mode);
         let device = rustix::fs::makedev(major, minor);
-        self.create(parent, name, path, |dir| {
+        // No io_uring operation for mknodat: always the system call.
+        self.create(parent, name, path, |_, dir| {
             rustix::fs::mknodat(dir, name, file_type, mode, device)
         })?;
-        let dir = self.tree.parent_dir(parent, false, path)?;
+        let dir = self.tree.parent_dir(parent, None, path)?;
         apply_nofollow(
             dir,
             name,
@@ -444,17 +467,20 @@ impl Extractor<'_> {
         Ok(())
     }
 
-    /// Runs `operation` (which creates `name` in the parent directory); when the name exists,
-    /// removes what is there (a tar entry replaces an earlier one) and runs it again.
+    /// Runs `operation` (which creates `name` in the parent directory, given the backend and the
+    /// parent); when the name exists, removes what is there (a tar entry replaces an earlier one)
+    /// and runs it again.
     fn create<T>(
         &mut self,
         parent: &[u8],
         name: &CStr,
         path: &[u8],
-        mut operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>,
+        mut operation: impl FnMut(&mut dyn IoBackend, BorrowedFd<'_>) -> Result<T, Errno>,
     ) -> Result<T, ExtractError> {
-        let dir = self.tree.parent_dir(parent, true, path)?;
-        match operation(dir) {
+        let dir = self
+            .tree
+            .parent_dir(parent, Some(&mut *self.backend), path)?;
+        match operation(&mut *self.backend, dir) {
             Ok(value) => Ok(value),
             Err(Errno::EXIST) => self.replace(parent, name, path, operation),
             Err(errno) => Err(io_error(path, "creating", errno)),
@@ -466,28 +492,36 @@ impl Extractor<'_> {
         parent: &[u8],
         name: &CStr,
         path: &[u8],
-        operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>,
+        operation: impl FnMut(&mut dyn IoBackend, BorrowedFd<'_>) -> Result<T, Errno>,
     ) -> Result<T, ExtractError> {
-        replace_with(&mut self.tree, parent, name, path, operation)
+        replace_with(
+            &mut self.tree,
+            &mut *self.backend,
+            parent,
+            name,
+            path,
+            operation,
+        )
     }
 }
 
 /// Removes whatever is at `parent/name` and runs `operation` to create the new entry.
 fn replace_with<T>(
     tree: &mut Tree,
+    backend: &mut dyn IoBackend,
     parent: &[u8],
     name: &CStr,
     path: &[u8],
-    mut operation: impl FnMut(BorrowedFd<'_>) -> Result<T, Errno>,
+    mut operation: impl FnMut(&mut dyn IoBackend, BorrowedFd<'_>) -> Result<T, Errno>,
 ) -> Result<T, ExtractError> {
-    let dir = tree.parent_dir(parent, true, path)?;
+    let dir = tree.parent_dir(parent, Some(&mut *backend), path)?;
     debug!(entry = %lossy(path), "replacing an earlier entry of the same layer");
-    match remove_all_at(dir, name) {
+    match remove_all_at(&mut *backend, dir, name) {
         Ok(()) | Err(Errno::NOENT) => {}
         Err(errno) => return Err(io_error(path, "removing the earlier entry at", errno)),
     }
     // What was removed may have been a cached directory or a symlink on a cached path.
     tree.invalidate();
-    let dir = tree.parent_dir(parent, true, path)?;
-    operation(dir).map_err(|errno| io_error(path, "creating", errno))
+    let dir = tree.parent_dir(parent, Some(&mut *backend), path)?;
+    operation(backend, dir).map_err(|errno| io_error(path, "creating", errno))
 }

@@ -6,10 +6,11 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
+use rustix::fs::{FileType, Mode, OFlags};
 use rustix::io::Errno;
 use tracing::{debug, instrument};
 
+use crate::backend::{IoBackend, new_backend};
 use crate::error::{ExtractError, invalid, io_error};
 use crate::name::split_parent;
 use crate::options::ExtractOptions;
@@ -50,9 +51,21 @@ pub fn merge_layer(
     summary: &LayerSummary,
     options: &ExtractOptions,
 ) -> Result<MergeStats, ExtractError> {
-    let _ = options; // Nothing option-dependent yet: the merge only renames and unlinks.
+    // The merge writes no file: the backend runs its renames, links, unlinks and mkdirs.
+    let mut backend = new_backend(options.backend, options.chown, root)?;
+    merge_with(root, staged, summary, backend.as_mut())
+}
+
+/// [`merge_layer`] with the given backend.
+pub(crate) fn merge_with(
+    root: &Path,
+    staged: &Path,
+    summary: &LayerSummary,
+    backend: &mut dyn IoBackend,
+) -> Result<MergeStats, ExtractError> {
     let mut merge = Merge {
         tree: Tree::open(root)?,
+        backend,
         explicit: summary
             .directories
             .iter()
@@ -68,7 +81,7 @@ pub fn merge_layer(
         let Some(dir) = merge.existing_dir(parent, path)? else {
             continue;
         };
-        match remove_all_at(dir.as_fd(), &name) {
+        match remove_all_at(&mut *merge.backend, dir.as_fd(), &name) {
             Ok(()) => merge.stats.whiteouts_applied += 1,
             Err(Errno::NOENT) => {}
             Err(errno) => return Err(io_error(path, "applying whiteout of", errno)),
@@ -88,7 +101,7 @@ pub fn merge_layer(
         // `existing_dir` gives an `O_PATH` descriptor; listing needs a readable one.
         let dir = rustix::fs::openat(dir, c".", DIR_READ_FLAGS, Mode::empty())
             .map_err(|errno| io_error(path, "opening opaque directory", errno))?;
-        remove_children(dir.as_fd())
+        remove_children(&mut *merge.backend, dir.as_fd())
             .map_err(|errno| io_error(path, "emptying opaque directory", errno))?;
         merge.stats.opaque_dirs_applied += 1;
     }
@@ -105,6 +118,7 @@ pub fn merge_layer(
         // replaced by a directory entry of this layer) are followed inside the root.
         link_deferred(
             &merge.tree,
+            &mut *merge.backend,
             hardlink.link.as_os_str().as_bytes(),
             hardlink.target.as_os_str().as_bytes(),
         )?;
@@ -112,22 +126,24 @@ pub fn merge_layer(
     }
 
     drop(staged_dir);
-    remove_staged(staged)?;
+    remove_staged(&mut *merge.backend, staged)?;
     let stats = merge.stats;
     debug!(?stats, "layer merged");
     Ok(stats)
 }
 
 /// The state of one [`merge_layer`].
-struct Merge<'a> {
+struct Merge<'a, 'b> {
     tree: Tree,
+    /// Runs the renames, links, unlinks and the mkdirs of directories created on the way.
+    backend: &'b mut dyn IoBackend,
     /// Directories that had their own entry in the layer: over a non-directory of the root they
     /// replace it, while directories created only as parents follow a symlink there.
     explicit: HashSet<&'a [u8]>,
     stats: MergeStats,
 }
 
-impl Merge<'_> {
+impl Merge<'_, '_> {
     /// The directory at `path` in the root (symlinks on the way followed inside the root), or
     /// `None` when it does not exist, is not a directory, or is a non-directory of the root that a
     /// directory entry of this layer replaces (so nothing of the root below it survives the merge).
@@ -192,7 +208,7 @@ impl Merge<'_> {
         name: &CStr,
         path: &mut Vec<u8>,
     ) -> Result<(), ExtractError> {
-        match rustix::fs::renameat_with(staged, name, root, name, RenameFlags::NOREPLACE) {
+        match self.backend.rename(staged, name, root, name, true) {
             Ok(()) => {
                 self.stats.renamed += 1;
                 return Ok(());
@@ -204,7 +220,8 @@ impl Merge<'_> {
                     .map_err(|errno| io_error(path, "inspecting", errno))?
                     .is_none() =>
             {
-                rustix::fs::renameat(staged, name, root, name)
+                self.backend
+                    .rename(staged, name, root, name, false)
                     .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
                 self.stats.renamed += 1;
                 return Ok(());
@@ -234,12 +251,13 @@ impl Merge<'_> {
         // as moby's createTarFile does). A non-directory over a non-directory is one atomic rename;
         // otherwise the root's entry has to go first (rename cannot swap kinds).
         if root_type == Some(FileType::Directory) || staged_type == Some(FileType::Directory) {
-            match remove_all_at(root, name) {
+            match remove_all_at(&mut *self.backend, root, name) {
                 Ok(()) | Err(Errno::NOENT) => {}
                 Err(errno) => return Err(io_error(path, "removing replaced", errno)),
             }
         }
-        rustix::fs::renameat(staged, name, root, name)
+        self.backend
+            .rename(staged, name, root, name, false)
             .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
         self.stats.replaced += 1;
         Ok(())
@@ -264,7 +282,7 @@ impl Merge<'_> {
             debug!(entry = %lossy(path), "empty implicit directory over a symlink; symlink kept");
             return Ok(());
         };
-        let target = match walk_beneath(self.tree.root(), path, true, &entry) {
+        let target = match walk_beneath(self.tree.root(), path, Some(&mut *self.backend), &entry) {
             Ok(target) => target,
             Err(ExtractError::Io { source, .. })
                 if source.raw_os_error() == Some(libc::ENOTDIR) =>
@@ -314,28 +332,32 @@ impl Merge<'_> {
 }
 
 /// `link` becomes another name of `target`, both resolved inside the root.
-fn link_deferred(tree: &Tree, link: &[u8], target: &[u8]) -> Result<(), ExtractError> {
+fn link_deferred(
+    tree: &Tree,
+    backend: &mut dyn IoBackend,
+    link: &[u8],
+    target: &[u8],
+) -> Result<(), ExtractError> {
     let (target_parent, target_name) = split_parent(target);
     let target_name = c_name(target_name, link)?;
     let target_dir = tree.lookup_dir(target_parent, link)?;
     let (link_parent, link_name) = split_parent(link);
     let link_name = c_name(link_name, link)?;
     let link_dir = tree.lookup_dir(link_parent, link)?;
-    let create = || {
-        rustix::fs::linkat(
-            &target_dir,
+    let create = |backend: &mut dyn IoBackend| {
+        backend.link(
+            target_dir.as_fd(),
             &target_name,
-            &link_dir,
+            link_dir.as_fd(),
             &link_name,
-            AtFlags::empty(),
         )
     };
-    match create() {
+    match create(backend) {
         Ok(()) => Ok(()),
         Err(Errno::EXIST) => {
-            remove_all_at(link_dir.as_fd(), &link_name)
+            remove_all_at(backend, link_dir.as_fd(), &link_name)
                 .map_err(|errno| io_error(link, "removing replaced", errno))?;
-            create().map_err(|errno| io_error(link, "creating hardlink", errno))
+            create(backend).map_err(|errno| io_error(link, "creating hardlink", errno))
         }
         Err(errno) => Err(io_error(link, "creating hardlink", errno)),
     }
@@ -364,7 +386,7 @@ fn c_name(name: &[u8], entry: &[u8]) -> Result<CString, ExtractError> {
 }
 
 /// Removes the (now mostly empty) staging directory.
-fn remove_staged(staged: &Path) -> Result<(), ExtractError> {
+fn remove_staged(backend: &mut dyn IoBackend, staged: &Path) -> Result<(), ExtractError> {
     let bytes = staged.as_os_str().as_bytes();
     let parent = match staged.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
@@ -379,6 +401,6 @@ fn remove_staged(staged: &Path) -> Result<(), ExtractError> {
         Mode::empty(),
     )
     .map_err(|errno| io_error(bytes, "opening parent of staging directory", errno))?;
-    remove_all_at(parent.as_fd(), &c_name(name.as_bytes(), bytes)?)
+    remove_all_at(backend, parent.as_fd(), &c_name(name.as_bytes(), bytes)?)
         .map_err(|errno| io_error(bytes, "removing staging directory", errno))
 }

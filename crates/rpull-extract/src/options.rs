@@ -1,12 +1,15 @@
-/// Which [`IoBackend`](crate::IoBackend) writes regular files.
+/// Which [`IoBackend`](crate::IoBackend) writes regular files and runs the namespace operations
+/// (directories, symlinks, hardlinks, renames, unlinks) of extraction and merge.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum IoBackendKind {
     /// Blocking system calls with large buffers ([`StdBackend`](crate::StdBackend)).
     #[default]
     Std,
-    /// io_uring: file creation, writes and closes batched into few submissions
-    /// ([`UringBackend`](crate::UringBackend)). Extraction fails when io_uring is unavailable.
+    /// io_uring: file writes and closes batched into few submissions; directories, symlinks,
+    /// hardlinks, renames and unlinks through the ring where the kernel has the operation, one at
+    /// a time ([`UringBackend`](crate::UringBackend)). Extraction and merge fail when io_uring is
+    /// unavailable.
     Uring,
     /// [`Uring`](Self::Uring) when io_uring is available (probed once per process: ring setup and
     /// the operations the backend needs), [`Std`](Self::Std) otherwise.
@@ -17,12 +20,13 @@ impl IoBackendKind {
     /// The backend that will actually be used, and why io_uring is not when it was asked for
     /// (`Auto` or `Uring`) and is unavailable: `ENOSYS` (kernel without io_uring), `EPERM` (seccomp,
     /// `/proc/sys/kernel/io_uring_disabled`), missing operations (kernel older than 5.19). An
-    /// explicit `Uring` that resolves to `Std` makes extraction fail with that reason.
+    /// explicit `Uring` that resolves to `Std` makes extraction fail with that reason. (A missing
+    /// namespace operation is no reason: that operation stays a system call.)
     pub fn resolve(self) -> (IoBackendKind, Option<String>) {
         match self {
             IoBackendKind::Std => (IoBackendKind::Std, None),
             IoBackendKind::Uring | IoBackendKind::Auto => match crate::uring::availability() {
-                Ok(()) => (IoBackendKind::Uring, None),
+                Ok(_) => (IoBackendKind::Uring, None),
                 Err(reason) => (IoBackendKind::Std, Some(reason.clone())),
             },
         }

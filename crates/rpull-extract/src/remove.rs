@@ -3,13 +3,20 @@
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd};
 
-use rustix::fs::{AtFlags, Dir, Mode, OFlags};
+use rustix::fs::{Dir, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::backend::IoBackend;
+
 /// Removes `name` in `dir`, whatever it is; a directory is removed with everything below it. A
-/// symlink is removed itself, never followed. `ENOENT` is returned as is.
-pub(crate) fn remove_all_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
-    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+/// symlink is removed itself, never followed. `ENOENT` is returned as is. The unlinks go through
+/// `backend` (listing and opening the directories on the way are plain system calls).
+pub(crate) fn remove_all_at(
+    backend: &mut dyn IoBackend,
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+) -> Result<(), Errno> {
+    match backend.unlink(dir, name, false) {
         // Linux answers EISDIR for a directory (POSIX allows EPERM).
         Err(Errno::ISDIR | Errno::PERM) => {}
         other => return other,
@@ -20,14 +27,18 @@ pub(crate) fn remove_all_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errn
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    remove_children(child.as_fd())?;
-    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+    remove_children(backend, child.as_fd())?;
+    backend.unlink(dir, name, true)
 }
 
-/// Removes everything inside the directory `dir` (which must be readable, not `O_PATH`).
-pub(crate) fn remove_children(dir: BorrowedFd<'_>) -> Result<(), Errno> {
+/// Removes everything inside the directory `dir` (which must be readable, not `O_PATH`), through
+/// `backend` as [`remove_all_at`] does.
+pub(crate) fn remove_children(
+    backend: &mut dyn IoBackend,
+    dir: BorrowedFd<'_>,
+) -> Result<(), Errno> {
     for name in list_dir(dir)? {
-        match remove_all_at(dir, &name) {
+        match remove_all_at(backend, dir, &name) {
             Ok(()) | Err(Errno::NOENT) => {}
             Err(errno) => return Err(errno),
         }

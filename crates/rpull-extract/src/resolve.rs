@@ -7,7 +7,7 @@
 //! descriptors: absolute symlink targets restart at the root, a `..` above the root is an
 //! [`ExtractError::Escape`].
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
+use crate::backend::IoBackend;
 use crate::error::{ExtractError, escape, io_error};
 
 /// Symlinks followed while resolving one path before giving up with `ELOOP` (the kernel's limit).
@@ -66,11 +67,12 @@ impl Tree {
     }
 
     /// Opens the directory at normalised path `dir` (following symlinks inside the root), creating
-    /// missing directories with [`IMPLICIT_DIR_MODE`] when `create`. `entry` names the errors.
+    /// missing directories with [`IMPLICIT_DIR_MODE`] through `create` when it is a backend (`None`
+    /// creates nothing). `entry` names the errors.
     pub(crate) fn parent_dir(
         &mut self,
         dir: &[u8],
-        create: bool,
+        create: Option<&mut (dyn IoBackend + '_)>,
         entry: &[u8],
     ) -> Result<BorrowedFd<'_>, ExtractError> {
         Ok(self.shared_parent_dir(dir, create, entry)?.as_fd())
@@ -80,7 +82,7 @@ impl Tree {
     pub(crate) fn shared_parent_dir(
         &mut self,
         dir: &[u8],
-        create: bool,
+        mut create: Option<&mut (dyn IoBackend + '_)>,
         entry: &[u8],
     ) -> Result<&Arc<OwnedFd>, ExtractError> {
         if dir.is_empty() {
@@ -115,7 +117,9 @@ impl Tree {
                     Ok(fd) => fd,
                     // Missing, absolute symlink, `..` out of `current`, not a directory, ELOOP...:
                     // the walk from the root gives the authoritative answer.
-                    Err(_) => walk_beneath(self.root.as_fd(), &dir[..end], create, entry)?,
+                    Err(_) => {
+                        walk_beneath(self.root.as_fd(), &dir[..end], create.as_deref_mut(), entry)?
+                    }
                 }
             };
             if !self.cached_path.is_empty() {
@@ -136,7 +140,7 @@ impl Tree {
         {
             return Ok(fd);
         }
-        walk_beneath(self.root.as_fd(), dir, false, entry)
+        walk_beneath(self.root.as_fd(), dir, None, entry)
     }
 }
 
@@ -162,11 +166,11 @@ fn open_beneath(dir: BorrowedFd<'_>, path: &[u8]) -> Result<OwnedFd, Errno> {
 /// Resolves the normalised relative `path` to a directory beneath `root`, component by component
 /// over `O_PATH|O_NOFOLLOW` descriptors, following symlinks inside the root: an absolute target
 /// restarts at the root, a `..` above the root is an escape. Missing directories are created with
-/// [`IMPLICIT_DIR_MODE`] when `create`.
+/// [`IMPLICIT_DIR_MODE`] through `create` when it is a backend (`None` creates nothing).
 pub(crate) fn walk_beneath(
     root: BorrowedFd<'_>,
     path: &[u8],
-    create: bool,
+    mut create: Option<&mut (dyn IoBackend + '_)>,
     entry: &[u8],
 ) -> Result<OwnedFd, ExtractError> {
     let fail = |operation: &'static str, errno: Errno| io_error(entry, operation, errno);
@@ -192,17 +196,20 @@ pub(crate) fn walk_beneath(
         }
         let current = stack.last().map_or(root, |fd| fd.as_fd());
         let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(current, component.as_slice(), flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) if create => {
-                match rustix::fs::mkdirat(current, component.as_slice(), Mode::from_raw_mode(0o700))
-                {
+        let opened = rustix::fs::openat(current, component.as_slice(), flags, Mode::empty());
+        let fd = match (opened, create.as_deref_mut()) {
+            (Ok(fd), _) => fd,
+            (Err(Errno::NOENT), Some(backend)) => {
+                // A name with a NUL byte never gets here: `openat` refused it with EINVAL.
+                let name = CString::new(component)
+                    .map_err(|_| fail("creating parent directory", Errno::INVAL))?;
+                match backend.mkdir(current, &name, 0o700) {
                     Ok(()) | Err(Errno::EXIST) => {}
                     Err(errno) => return Err(fail("creating parent directory", errno)),
                 }
                 let dir = rustix::fs::openat(
                     current,
-                    component.as_slice(),
+                    &name,
                     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                     Mode::empty(),
                 )
@@ -213,7 +220,7 @@ pub(crate) fn walk_beneath(
                 stack.push(dir);
                 continue;
             }
-            Err(errno) => return Err(fail("opening parent directory", errno)),
+            (Err(errno), _) => return Err(fail("opening parent directory", errno)),
         };
         let stat =
             rustix::fs::fstat(&fd).map_err(|errno| fail("inspecting parent directory", errno))?;
@@ -289,7 +296,7 @@ mod tests {
             b"relative/sub",
             b"absolute/../real/sub",
         ] {
-            let fd = walk_beneath(tree.root(), path, false, b"entry").unwrap();
+            let fd = walk_beneath(tree.root(), path, None, b"entry").unwrap();
             assert_eq!(inode(&fd), sub.ino(), "{}", lossy(path));
             let fd = tree.lookup_dir(path, b"entry").unwrap();
             assert_eq!(inode(&fd), sub.ino(), "{}", lossy(path));
@@ -300,7 +307,7 @@ mod tests {
     fn walk_refuses_to_climb_above_the_root() {
         let (_temp, root) = setup();
         let tree = Tree::open(&root).unwrap();
-        let error = walk_beneath(tree.root(), b"real/up/x", false, b"the-entry").unwrap_err();
+        let error = walk_beneath(tree.root(), b"real/up/x", None, b"the-entry").unwrap_err();
         assert!(
             matches!(&error, ExtractError::Escape { entry, .. } if entry == Path::new("the-entry")),
             "{error}"
@@ -311,7 +318,7 @@ mod tests {
     fn walk_gives_eloop_on_symlink_loops() {
         let (_temp, root) = setup();
         let tree = Tree::open(&root).unwrap();
-        let error = walk_beneath(tree.root(), b"loop1/x", false, b"entry").unwrap_err();
+        let error = walk_beneath(tree.root(), b"loop1/x", None, b"entry").unwrap_err();
         assert!(
             matches!(&error, ExtractError::Io { source, .. } if source.raw_os_error() == Some(libc::ELOOP)),
             "{error}"
@@ -322,11 +329,12 @@ mod tests {
     fn walk_creates_missing_directories_behind_absolute_symlinks() {
         let (_temp, root) = setup();
         let mut tree = Tree::open(&root).unwrap();
-        tree.parent_dir(b"absolute/new/deeper", true, b"entry")
+        let mut backend = crate::StdBackend::new(false);
+        tree.parent_dir(b"absolute/new/deeper", Some(&mut backend), b"entry")
             .unwrap();
         assert!(root.join("real/new/deeper").is_dir());
         // The cache answers the same path again and its children.
-        tree.parent_dir(b"absolute/new/deeper/more", true, b"entry")
+        tree.parent_dir(b"absolute/new/deeper/more", Some(&mut backend), b"entry")
             .unwrap();
         assert!(root.join("real/new/deeper/more").is_dir());
     }

@@ -11,21 +11,32 @@
 //! Applying metadata through the descriptor rather than by name keeps later entries that replace
 //! the name, or its directory, from being affected.
 //!
+//! Directories, symlinks, hardlinks, renames and unlinks go through the same ring (MKDIRAT,
+//! SYMLINKAT, LINKAT, RENAMEAT, UNLINKAT) where the kernel has the operation, and are plain system
+//! calls otherwise (probed once per process). Each is submitted alone and waited for: its result
+//! (`EEXIST`, `EISDIR`, ...) decides what the caller does next. They need not wait for the pending
+//! file work: that work goes through the files' own descriptors, never by name, so creating,
+//! renaming or removing a name (even a pending file's) cannot change what it does, exactly as with
+//! the std backend, where the same file's data would already be written.
+//!
 //! Measured alternative (see `docs/io-uring.md`): a linked `OPENAT (direct descriptor) -> WRITE ->
 //! CLOSE` chain per file, metadata by name afterwards. It was slower: io_uring never runs an
 //! `O_CREAT` open inline, so every file cost a hand-off to a worker thread, and metadata by name
 //! forced a barrier before any later entry of the same directory and name.
 
 use std::collections::VecDeque;
+use std::ffi::CStr;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::OnceLock;
 
-use io_uring::{IoUring, Probe, cqueue, opcode, types};
+use io_uring::{IoUring, Probe, cqueue, opcode, squeue, types};
+use rustix::io::Errno;
 use tracing::debug;
 
 use crate::backend::{
     BUFFER_SIZE, FileMetadata, IoBackend, NewFile, apply_file_metadata, create_replacing, fill,
+    syscall,
 };
 use crate::error::{ExtractError, entry_path, io_error};
 use crate::metadata::XattrPolicy;
@@ -40,24 +51,74 @@ pub(crate) const MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
 const POOLED_BUFFERS: usize = MAX_IN_FLIGHT_BYTES / BUFFER_SIZE;
 
 /// `user_data` of a WRITE: the file in bits 32..64, the buffer in bits 0..32. A CLOSE has
-/// [`CLOSE_DATA`] (nothing to do when it completes).
+/// [`CLOSE_DATA`] (nothing to do when it completes), the namespace operation being waited for
+/// [`NAMESPACE_DATA`]. Neither can be a WRITE's: files and buffers are numbered from 0 and only
+/// entries in flight (at most the CQ size) hold a number.
 const CLOSE_DATA: u64 = u64::MAX;
+const NAMESPACE_DATA: u64 = u64::MAX - 1;
+
+/// The namespace operations the ring runs; the others are plain system calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NamespaceOps {
+    pub(crate) mkdir: bool,
+    pub(crate) symlink: bool,
+    pub(crate) link: bool,
+    pub(crate) rename: bool,
+    pub(crate) unlink: bool,
+}
+
+impl NamespaceOps {
+    /// Every namespace operation as a system call.
+    #[cfg(test)]
+    pub(crate) const NONE: Self = Self {
+        mkdir: false,
+        symlink: false,
+        link: false,
+        rename: false,
+        unlink: false,
+    };
+
+    /// `(opcode name, on the ring)` of each operation.
+    fn names(self) -> [(&'static str, bool); 5] {
+        [
+            ("MKDIRAT", self.mkdir),
+            ("SYMLINKAT", self.symlink),
+            ("LINKAT", self.link),
+            ("RENAMEAT", self.rename),
+            ("UNLINKAT", self.unlink),
+        ]
+    }
+}
 
 /// Whether io_uring can be used here, probed once per process: the ring is set up, the
-/// operations the backend needs are probed.
-pub(crate) fn availability() -> &'static Result<(), String> {
-    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+/// operations the backend needs are probed. `Ok` says which namespace operations the ring has.
+pub(crate) fn availability() -> &'static Result<NamespaceOps, String> {
+    static PROBE: OnceLock<Result<NamespaceOps, String>> = OnceLock::new();
     PROBE.get_or_init(|| {
         let result = probe();
         match &result {
-            Ok(()) => debug!("io_uring is available"),
+            Ok(ops) => {
+                debug!("io_uring is available");
+                let missing: Vec<&str> = ops
+                    .names()
+                    .into_iter()
+                    .filter(|(_, supported)| !supported)
+                    .map(|(name, _)| name)
+                    .collect();
+                if !missing.is_empty() {
+                    debug!(
+                        missing = %missing.join(", "),
+                        "io_uring lacks these namespace operations; they stay plain system calls"
+                    );
+                }
+            }
             Err(reason) => debug!(%reason, "io_uring is unavailable"),
         }
         result
     })
 }
 
-fn probe() -> Result<(), String> {
+fn probe() -> Result<NamespaceOps, String> {
     let ring: IoUring = IoUring::new(8).map_err(|error| setup_failure(&error))?;
     let mut probe = Probe::new();
     ring.submitter()
@@ -77,7 +138,18 @@ fn probe() -> Result<(), String> {
             missing.join(", ")
         ));
     }
-    Ok(())
+    // Optional: without one, that operation stays a system call. IORING_FEAT_SUBMIT_STABLE (5.5,
+    // older than all of them) guarantees the kernel has copied an entry's paths once it took the
+    // entry, which a failed wait relies on (see `UringBackend::run`).
+    let stable = ring.params().is_feature_submit_stable();
+    let has = |code| stable && probe.is_supported(code);
+    Ok(NamespaceOps {
+        mkdir: has(opcode::MkDirAt::CODE),
+        symlink: has(opcode::SymlinkAt::CODE),
+        link: has(opcode::LinkAt::CODE),
+        rename: has(opcode::RenameAt::CODE),
+        unlink: has(opcode::UnlinkAt::CODE),
+    })
 }
 
 /// Why `io_uring_setup` failed, with the sysctl that usually explains it.
@@ -113,9 +185,19 @@ struct PendingFile {
     failure: Option<io::Error>,
 }
 
-/// Writes file data through io_uring; see the module documentation.
+/// Writes file data through io_uring and runs the namespace operations the kernel's io_uring has;
+/// see the module documentation.
 pub struct UringBackend {
     ring: IoUring,
+    /// The namespace operations run on the ring (the others are system calls).
+    ops: NamespaceOps,
+    /// The result of the namespace operation being waited for, once its completion is reaped.
+    namespace_result: Option<i32>,
+    /// Namespace operations run on the ring so far.
+    namespace_ops: u64,
+    /// Waiting for a namespace operation failed: the ring is never entered again, so that an
+    /// entry still queued, which points to the caller's names, is never submitted.
+    broken: bool,
     xattrs: XattrPolicy,
     files: Vec<Option<PendingFile>>,
     free_files: Vec<u32>,
@@ -142,6 +224,8 @@ impl std::fmt::Debug for UringBackend {
             .debug_struct("UringBackend")
             .field("in_flight_ops", &self.in_flight_ops)
             .field("in_flight_bytes", &self.in_flight_bytes)
+            .field("ops", &self.ops)
+            .field("namespace_ops", &self.namespace_ops)
             .finish_non_exhaustive()
     }
 }
@@ -150,11 +234,16 @@ impl UringBackend {
     /// Sets up a ring of its own. `chown` makes a refused `security.capability` xattr an error
     /// (see [`ExtractOptions::chown`](crate::ExtractOptions::chown)).
     pub fn new(chown: bool) -> io::Result<Self> {
-        if let Err(reason) = availability() {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, reason.clone()));
-        }
+        let ops = match availability() {
+            Ok(ops) => *ops,
+            Err(reason) => return Err(io::Error::new(io::ErrorKind::Unsupported, reason.clone())),
+        };
         Ok(Self {
             ring: IoUring::new(RING_ENTRIES)?,
+            ops,
+            namespace_result: None,
+            namespace_ops: 0,
+            broken: false,
             xattrs: XattrPolicy::new(chown),
             files: Vec::new(),
             free_files: Vec::new(),
@@ -208,6 +297,13 @@ impl UringBackend {
 
     /// Submits what is queued, waits for at least `want` completions and takes every available one.
     fn enter(&mut self, want: usize) -> Result<(), ExtractError> {
+        if self.broken {
+            return Err(io_error(
+                b"",
+                "submitting to io_uring in",
+                io::Error::other("waiting for an earlier operation failed"),
+            ));
+        }
         loop {
             match self.ring.submit_and_wait(want) {
                 Ok(_) => break,
@@ -230,6 +326,14 @@ impl UringBackend {
 
     fn complete(&mut self, user_data: u64, result: i32) {
         self.in_flight_ops -= 1;
+        if user_data == NAMESPACE_DATA {
+            debug_assert!(
+                self.namespace_result.is_none(),
+                "one namespace operation at a time"
+            );
+            self.namespace_result = Some(result);
+            return;
+        }
         if user_data == CLOSE_DATA {
             // close(2) errors after the data was written and the metadata applied are not
             // actionable (std ignores them when dropping a file too).
@@ -347,13 +451,11 @@ impl UringBackend {
 impl IoBackend for UringBackend {
     fn write_file(&mut self, file: &NewFile<'_>, data: &mut dyn Read) -> Result<u64, ExtractError> {
         self.check()?;
-        let fd = create_replacing(
-            file.parent.as_fd(),
-            file.name,
-            file.create_mode,
-            &mut self.replaced,
-        )
-        .map_err(|errno| io_error(file.entry, "creating file", errno))?;
+        // An existing name is removed through the ring (UNLINKAT), like any other unlink.
+        let (fd, replaced) =
+            create_replacing(self, file.parent.as_fd(), file.name, file.create_mode)
+                .map_err(|errno| io_error(file.entry, "creating file", errno))?;
+        self.replaced |= replaced;
         let read_error = |source| ExtractError::Tar {
             entry: entry_path(file.entry),
             source,
@@ -421,9 +523,144 @@ impl IoBackend for UringBackend {
     fn take_replaced(&mut self) -> bool {
         std::mem::take(&mut self.replaced)
     }
+
+    fn mkdir(&mut self, dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> Result<(), Errno> {
+        if !self.ops.mkdir {
+            return syscall::mkdir(dir, name, mode);
+        }
+        let entry = opcode::MkDirAt::new(types::Fd(dir.as_raw_fd()), name.as_ptr())
+            .mode(mode)
+            .build();
+        // SAFETY: `dir` and `name` are borrowed until this call returns.
+        unsafe { self.run(entry) }
+    }
+
+    fn symlink(&mut self, target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+        if !self.ops.symlink {
+            return syscall::symlink(target, dir, name);
+        }
+        let entry =
+            opcode::SymlinkAt::new(types::Fd(dir.as_raw_fd()), target.as_ptr(), name.as_ptr())
+                .build();
+        // SAFETY: `target`, `dir` and `name` are borrowed until this call returns.
+        unsafe { self.run(entry) }
+    }
+
+    fn link(
+        &mut self,
+        old_dir: BorrowedFd<'_>,
+        old_name: &CStr,
+        new_dir: BorrowedFd<'_>,
+        new_name: &CStr,
+    ) -> Result<(), Errno> {
+        if !self.ops.link {
+            return syscall::link(old_dir, old_name, new_dir, new_name);
+        }
+        let entry = opcode::LinkAt::new(
+            types::Fd(old_dir.as_raw_fd()),
+            old_name.as_ptr(),
+            types::Fd(new_dir.as_raw_fd()),
+            new_name.as_ptr(),
+        )
+        .build();
+        // SAFETY: both directories and both names are borrowed until this call returns.
+        unsafe { self.run(entry) }
+    }
+
+    fn rename(
+        &mut self,
+        old_dir: BorrowedFd<'_>,
+        old_name: &CStr,
+        new_dir: BorrowedFd<'_>,
+        new_name: &CStr,
+        noreplace: bool,
+    ) -> Result<(), Errno> {
+        if !self.ops.rename {
+            return syscall::rename(old_dir, old_name, new_dir, new_name, noreplace);
+        }
+        let entry = opcode::RenameAt::new(
+            types::Fd(old_dir.as_raw_fd()),
+            old_name.as_ptr(),
+            types::Fd(new_dir.as_raw_fd()),
+            new_name.as_ptr(),
+        )
+        .flags(if noreplace { libc::RENAME_NOREPLACE } else { 0 })
+        .build();
+        // SAFETY: both directories and both names are borrowed until this call returns.
+        unsafe { self.run(entry) }
+    }
+
+    fn unlink(&mut self, dir: BorrowedFd<'_>, name: &CStr, remove_dir: bool) -> Result<(), Errno> {
+        if !self.ops.unlink {
+            return syscall::unlink(dir, name, remove_dir);
+        }
+        let entry = opcode::UnlinkAt::new(types::Fd(dir.as_raw_fd()), name.as_ptr())
+            .flags(if remove_dir { libc::AT_REMOVEDIR } else { 0 })
+            .build();
+        // SAFETY: `dir` and `name` are borrowed until this call returns.
+        unsafe { self.run(entry) }
+    }
 }
 
 impl UringBackend {
+    /// Runs one namespace operation on the ring and waits for it: the caller needs its result
+    /// before going on. WRITE and CLOSE completions reaped meanwhile are handled as usual (and
+    /// files whose writes completed are finished afterwards). A failure of the ring itself is kept
+    /// for the next `write_file` or `flush` and returned as its errno.
+    ///
+    /// # Safety
+    ///
+    /// The names and directory descriptors `entry` refers to must stay valid until this returns.
+    unsafe fn run(&mut self, entry: squeue::Entry) -> Result<(), Errno> {
+        if let Err(error) = self.reserve(0) {
+            return Err(self.ring_failed(error));
+        }
+        let entry = entry.user_data(NAMESPACE_DATA);
+        // SAFETY: what `entry` points to is valid until we return (the caller's promise), and we
+        // return once its completion is reaped, or when waiting failed: then `broken` keeps the
+        // ring from being entered again, so an entry still queued is never submitted, while one
+        // the kernel took had its names copied when it did (IORING_FEAT_SUBMIT_STABLE, required
+        // by the probe).
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        assert!(pushed.is_ok(), "reserve made room in the submission queue");
+        self.in_flight_ops += 1;
+        self.namespace_ops += 1;
+        let result = loop {
+            if let Some(result) = self.namespace_result.take() {
+                break result;
+            }
+            if let Err(error) = self.enter(1) {
+                self.broken = true;
+                return Err(self.ring_failed(error));
+            }
+        };
+        self.finish_done();
+        if result < 0 {
+            Err(Errno::from_raw_os_error(-result))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Keeps `error` (the ring itself failed) for the next `write_file` or `flush`, and gives the
+    /// errno for the namespace operation that met it.
+    fn ring_failed(&mut self, error: ExtractError) -> Errno {
+        let errno = match &error {
+            ExtractError::Io { source, .. } => source.raw_os_error().map(Errno::from_raw_os_error),
+            _ => None,
+        };
+        if self.error.is_none() {
+            self.error = Some(error);
+        }
+        errno.unwrap_or(Errno::IO)
+    }
+
+    /// Namespace operations run on the ring so far (not those that fell back to system calls).
+    #[cfg(test)]
+    pub(crate) fn ring_namespace_ops(&self) -> u64 {
+        self.namespace_ops
+    }
+
     fn add_file(&mut self, fd: OwnedFd, file: &NewFile<'_>) -> u32 {
         let pending = PendingFile {
             fd,
@@ -454,6 +691,11 @@ impl Drop for UringBackend {
         // The kernel may still read buffers of writes in flight: wait for all of them before the
         // buffers are freed. If waiting fails, leak them instead.
         self.draining = true;
+        if self.broken {
+            debug!("the io_uring ring failed; leaking the buffers of writes in flight");
+            std::mem::forget(std::mem::take(&mut self.buffers));
+            return;
+        }
         while self.in_flight_ops > 0 {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {
@@ -469,5 +711,364 @@ impl Drop for UringBackend {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use rustix::fs::{Mode, OFlags};
+
+    use super::*;
+    use crate::options::ExtractOptions;
+
+    /// A ring with every namespace operation, or `None` (said loudly) where the kernel lacks one.
+    fn backend() -> Option<UringBackend> {
+        match availability() {
+            Ok(ops) if ops.names().iter().all(|(_, supported)| *supported) => {
+                Some(UringBackend::new(false).unwrap())
+            }
+            Ok(ops) => {
+                eprintln!("skipping: io_uring lacks some namespace operations: {ops:?}");
+                None
+            }
+            Err(reason) => {
+                eprintln!("skipping: io_uring unavailable: {reason}");
+                None
+            }
+        }
+    }
+
+    /// An `O_PATH` directory descriptor, as the extractor's confined walks give.
+    fn open_dir(path: &Path) -> OwnedFd {
+        rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    fn ino(path: &Path) -> u64 {
+        fs::symlink_metadata(path).unwrap().ino()
+    }
+
+    /// Runs every operation through `backend` in a fresh directory and checks the result on disk.
+    fn exercise(backend: &mut UringBackend) {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path();
+        let dir = open_dir(root);
+        let dir = dir.as_fd();
+
+        backend.mkdir(dir, c"d", 0o750).unwrap();
+        assert!(fs::symlink_metadata(root.join("d")).unwrap().is_dir());
+        let sub = open_dir(&root.join("d"));
+
+        // Stored verbatim, never resolved.
+        backend.symlink(c"../nowhere/x", dir, c"s").unwrap();
+        assert_eq!(
+            fs::read_link(root.join("s")).unwrap(),
+            Path::new("../nowhere/x")
+        );
+
+        fs::write(root.join("f"), b"content of f").unwrap();
+        backend.link(dir, c"f", dir, c"h").unwrap();
+        assert_eq!(ino(&root.join("h")), ino(&root.join("f")));
+
+        // Into another directory; with NOREPLACE and a free name it is a plain rename.
+        backend
+            .rename(dir, c"h", sub.as_fd(), c"moved", true)
+            .unwrap();
+        assert!(!root.join("h").exists());
+        assert_eq!(ino(&root.join("d/moved")), ino(&root.join("f")));
+
+        fs::write(root.join("g"), b"content of g").unwrap();
+        assert_eq!(
+            backend.rename(dir, c"g", dir, c"f", true),
+            Err(Errno::EXIST)
+        );
+        assert_eq!(fs::read(root.join("f")).unwrap(), b"content of f");
+        assert_eq!(fs::read(root.join("g")).unwrap(), b"content of g");
+        backend.rename(dir, c"g", dir, c"f", false).unwrap();
+        assert_eq!(fs::read(root.join("f")).unwrap(), b"content of g");
+        assert!(!root.join("g").exists());
+
+        // The symlink itself goes, not what it names.
+        backend.unlink(dir, c"s", false).unwrap();
+        assert!(fs::symlink_metadata(root.join("s")).is_err());
+        // `remove_all_at` relies on EISDIR for a directory without AT_REMOVEDIR.
+        assert_eq!(backend.unlink(dir, c"d", false), Err(Errno::ISDIR));
+        backend.unlink(sub.as_fd(), c"moved", false).unwrap();
+        backend.unlink(dir, c"d", true).unwrap();
+        assert!(fs::symlink_metadata(root.join("d")).is_err());
+        let mut left: Vec<_> = fs::read_dir(root)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["f"]);
+        assert!(!backend.has_pending());
+    }
+
+    #[test]
+    fn namespace_operations_run_on_the_ring() {
+        let Some(mut backend) = backend() else {
+            return;
+        };
+        exercise(&mut backend);
+        // mkdir, symlink, link, 3 renames, 4 unlinks.
+        assert_eq!(backend.ring_namespace_ops(), 10);
+        backend.flush().unwrap();
+    }
+
+    #[test]
+    fn missing_operations_fall_back_to_system_calls() {
+        let Some(mut backend) = backend() else {
+            return;
+        };
+        backend.ops = NamespaceOps::NONE;
+        exercise(&mut backend);
+        assert_eq!(backend.ring_namespace_ops(), 0);
+    }
+
+    #[test]
+    fn namespace_errors_are_the_operations_errno() {
+        let Some(mut backend) = backend() else {
+            return;
+        };
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path();
+        fs::create_dir(root.join("full")).unwrap();
+        fs::write(root.join("full/file"), b"x").unwrap();
+        fs::write(root.join("file"), b"x").unwrap();
+        let dir = open_dir(root);
+        let dir = dir.as_fd();
+        let cases: [(&str, Result<(), Errno>, Errno); 10] = [
+            (
+                "mkdir over a directory",
+                backend.mkdir(dir, c"full", 0o755),
+                Errno::EXIST,
+            ),
+            (
+                "mkdir over a file",
+                backend.mkdir(dir, c"file", 0o755),
+                Errno::EXIST,
+            ),
+            (
+                "symlink over a file",
+                backend.symlink(c"t", dir, c"file"),
+                Errno::EXIST,
+            ),
+            (
+                "link of nothing",
+                backend.link(dir, c"missing", dir, c"new"),
+                Errno::NOENT,
+            ),
+            (
+                "link over a file",
+                backend.link(dir, c"file", dir, c"full"),
+                Errno::EXIST,
+            ),
+            (
+                "rename of nothing",
+                backend.rename(dir, c"missing", dir, c"new", false),
+                Errno::NOENT,
+            ),
+            (
+                "rename NOREPLACE over a directory",
+                backend.rename(dir, c"file", dir, c"full", true),
+                Errno::EXIST,
+            ),
+            (
+                "unlink of nothing",
+                backend.unlink(dir, c"missing", false),
+                Errno::NOENT,
+            ),
+            (
+                "rmdir of a full directory",
+                backend.unlink(dir, c"full", true),
+                Errno::NOTEMPTY,
+            ),
+            (
+                "rmdir of a file",
+                backend.unlink(dir, c"file", true),
+                Errno::NOTDIR,
+            ),
+        ];
+        for (what, result, errno) in cases {
+            assert_eq!(result, Err(errno), "{what}");
+        }
+        assert_eq!(backend.ring_namespace_ops(), 10);
+        // Failed operations leave nothing behind: the ring is idle and the backend usable.
+        assert_eq!(backend.in_flight_ops, 0);
+        assert!(!backend.has_pending());
+        assert!(backend.error.is_none());
+        backend.flush().unwrap();
+        assert!(root.join("full/file").exists() && root.join("file").exists());
+        assert!(!root.join("new").exists());
+    }
+
+    fn metadata(seconds: i64) -> FileMetadata<'static> {
+        FileMetadata {
+            mode: None,
+            owner: None,
+            mtime: Timestamp {
+                seconds,
+                nanoseconds: 0,
+            },
+            xattrs: &[],
+        }
+    }
+
+    /// Namespace operations on names of files whose writes and closes are still in the ring: their
+    /// completions are told apart, and the files land complete under their new names.
+    #[test]
+    fn namespace_operations_among_pending_writes() {
+        let Some(mut backend) = backend() else {
+            return;
+        };
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path();
+        let parent = Arc::new(open_dir(root));
+        let big: Vec<u8> = (0..(3 << 20) + 4321).map(|i| (i % 251) as u8).collect();
+        let write = |backend: &mut UringBackend, name: &CStr, data: &[u8], mtime| {
+            let file = NewFile {
+                parent: &parent,
+                name,
+                entry: name.to_bytes(),
+                size: data.len() as u64,
+                create_mode: 0o644,
+                metadata: metadata(mtime),
+            };
+            let written = backend.write_file(&file, &mut &data[..]).unwrap();
+            assert_eq!(written, data.len() as u64);
+        };
+        write(&mut backend, c"big", &big, 1_000_000_000);
+        for index in 0..50u8 {
+            let name = std::ffi::CString::new(format!("small{index}")).unwrap();
+            write(&mut backend, &name, &[index; 100], 1_000_000_100);
+        }
+        assert!(backend.has_pending(), "writes or closes are in flight");
+        let dir = parent.as_fd();
+        backend.link(dir, c"big", dir, c"big-link").unwrap();
+        backend
+            .rename(dir, c"big", dir, c"big-moved", true)
+            .unwrap();
+        backend.unlink(dir, c"small7", false).unwrap();
+        backend.mkdir(dir, c"small7", 0o755).unwrap();
+        // A file replacing a pending one: removed through the ring too.
+        write(&mut backend, c"small8", b"replaced", 1_000_000_200);
+        assert!(backend.take_replaced());
+        assert_eq!(backend.ring_namespace_ops(), 5);
+        backend.flush().unwrap();
+        assert!(!backend.has_pending());
+
+        assert_eq!(fs::read(root.join("big-moved")).unwrap(), big);
+        assert_eq!(ino(&root.join("big-link")), ino(&root.join("big-moved")));
+        assert_eq!(
+            fs::metadata(root.join("big-link")).unwrap().mtime(),
+            1_000_000_000
+        );
+        assert!(!root.join("big").exists());
+        assert!(root.join("small7").is_dir());
+        assert_eq!(fs::read(root.join("small8")).unwrap(), b"replaced");
+        assert_eq!(
+            fs::metadata(root.join("small8")).unwrap().mtime(),
+            1_000_000_200
+        );
+        assert_eq!(fs::read(root.join("small9")).unwrap(), [9u8; 100]);
+    }
+
+    /// Appends one entry to a layer being built.
+    fn entry(
+        builder: &mut tar::Builder<Vec<u8>>,
+        kind: tar::EntryType,
+        path: &str,
+        link: Option<&str>,
+        data: &[u8],
+    ) {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(kind);
+        header.set_mode(if kind == tar::EntryType::Directory {
+            0o755
+        } else {
+            0o644
+        });
+        header.set_mtime(1_600_000_000);
+        header.set_size(data.len() as u64);
+        if let Some(link) = link {
+            header.set_link_name(link).unwrap();
+        }
+        builder.append_data(&mut header, path, data).unwrap();
+    }
+
+    /// `extract_layer` and `merge_layer` with the uring backend send their directories, symlinks,
+    /// hardlinks, renames and unlinks to the ring, and the trees come out right.
+    #[test]
+    fn extraction_and_merge_use_the_ring() {
+        use tar::EntryType::{Directory, Link, Regular, Symlink};
+        let Some(mut backend) = backend() else {
+            return;
+        };
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().join("root");
+        let staged = temp.path().join("staged");
+        fs::create_dir(&root).unwrap();
+        fs::create_dir(&staged).unwrap();
+        let options = ExtractOptions {
+            chown: false,
+            special_files: false,
+            ..ExtractOptions::default()
+        };
+
+        let mut base = tar::Builder::new(Vec::new());
+        entry(&mut base, Directory, "a", None, b""); // mkdir
+        entry(&mut base, Regular, "a/f", None, b"file");
+        entry(&mut base, Symlink, "a/s", Some("f"), b""); // symlink
+        entry(&mut base, Link, "a/h", Some("a/f"), b""); // link
+        entry(&mut base, Regular, "b/c/file", None, b"old"); // mkdir b, mkdir b/c (implicit)
+        entry(&mut base, Regular, "keep", None, b"kept");
+        // mkdir (EEXIST), unlink the file, mkdir
+        entry(&mut base, Directory, "a/h", None, b"");
+        let base = base.into_inner().unwrap();
+        let summary =
+            crate::extract::extract_with(&base[..], &root, &options, &mut backend).unwrap();
+        assert_eq!(backend.ring_namespace_ops(), 8);
+        assert_eq!(summary.files, 3);
+        assert_eq!(fs::read_link(root.join("a/s")).unwrap(), Path::new("f"));
+        assert!(root.join("a/h").is_dir());
+        assert_eq!(fs::read(root.join("b/c/file")).unwrap(), b"old");
+        assert_eq!(fs::read(root.join("a/f")).unwrap(), b"file");
+
+        let mut layer = tar::Builder::new(Vec::new());
+        entry(&mut layer, Regular, "a/.wh.s", None, b""); // recorded, never created
+        entry(&mut layer, Regular, "b/c/file", None, b"new");
+        entry(&mut layer, Regular, "new/x", None, b"x");
+        entry(&mut layer, Link, "keep-link", Some("keep"), b""); // deferred to the merge
+        let layer = layer.into_inner().unwrap();
+        let mut backend = UringBackend::new(false).unwrap();
+        let summary =
+            crate::extract::extract_with(&layer[..], &staged, &options, &mut backend).unwrap();
+        // mkdir b, b/c, new (implicit parents in the staging directory)
+        assert_eq!(backend.ring_namespace_ops(), 3);
+        assert_eq!(summary.deferred_hardlinks.len(), 1);
+
+        let mut backend = UringBackend::new(false).unwrap();
+        let stats = crate::merge::merge_with(&root, &staged, &summary, &mut backend).unwrap();
+        // Whiteout: unlink a/s. Merge: rename NOREPLACE of b, b/c, b/c/file (EEXIST each), rename
+        // of b/c/file over the old one, rename NOREPLACE of new. Deferred hardlink: link. Staging
+        // directory: unlink of it, b and b/c (EISDIR each), rmdir of b/c, b and itself.
+        assert_eq!(backend.ring_namespace_ops(), 1 + 5 + 1 + 6);
+        assert_eq!(stats.whiteouts_applied, 1);
+        assert_eq!(stats.hardlinks_linked, 1);
+        assert!(fs::symlink_metadata(root.join("a/s")).is_err());
+        assert_eq!(fs::read(root.join("b/c/file")).unwrap(), b"new");
+        assert_eq!(fs::read(root.join("new/x")).unwrap(), b"x");
+        assert_eq!(ino(&root.join("keep-link")), ino(&root.join("keep")));
+        assert!(!staged.exists());
     }
 }
