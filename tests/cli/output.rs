@@ -577,3 +577,55 @@ fn digest_references_and_digest_wins_over_tag() {
         );
     }
 }
+
+#[test]
+fn write_threads_give_the_same_tree_and_zero_is_refused() {
+    let registry = plain_registry();
+    let mut layer = LayerBuilder::new().dir("many", 0o755);
+    for index in 0..500 {
+        let dir = format!("many/d{}", index % 7);
+        layer = layer.file(
+            &format!("{dir}/f{index}"),
+            format!("{index}\n").repeat(index % 50 + 1),
+            0o644,
+        );
+    }
+    let layer = layer
+        .file("many/d3/f10", "replaced later in the layer\n", 0o600)
+        .hardlink("many/link", "many/d0/f7");
+    let image = ImageBuilder::new()
+        .layer_tar(&layer.build(), Compression::Gzip)
+        .build();
+    block_on(registry.push_image(&image, "many:1")).expect("push");
+    let reference = registry.reference("many:1");
+    let sandbox = Sandbox::new();
+    let mut trees = Vec::new();
+    for threads in ["1", "4"] {
+        let dest = sandbox.join(&format!("threads-{threads}"));
+        sandbox
+            .rpull()
+            .args(["pull", "--quiet", "--write-threads", threads])
+            .arg(&reference)
+            .arg(&dest)
+            .run()
+            .success();
+        trees.push(rpull_testing::TreeSnapshot::capture(&dest).expect("snapshot"));
+    }
+    assert!(
+        trees[0].entries.len() > 500,
+        "{} entries",
+        trees[0].entries.len()
+    );
+    rpull_testing::assert_trees_equal(&trees[0], &trees[1], &rpull_testing::DiffOptions::default());
+
+    let outcome = sandbox
+        .rpull()
+        .args(["pull", "--write-threads", "0"])
+        .arg(&reference)
+        .arg(sandbox.join("zero"))
+        .run();
+    assert!(
+        outcome.error_line().contains("--write-threads"),
+        "{outcome}"
+    );
+}

@@ -14,6 +14,7 @@ use tracing::debug;
 use crate::error::{ExtractError, entry_path, io_error};
 use crate::metadata::{XattrPolicy, apply_fd_parts};
 use crate::options::IoBackendKind;
+use crate::parallel::ParallelBackend;
 use crate::remove::remove_all_at;
 use crate::summary::{Timestamp, Xattr};
 use crate::uring::UringBackend;
@@ -328,11 +329,13 @@ pub(crate) fn apply_file_metadata(
 }
 
 /// The backend for `kind`; `Auto` falls back to std (with a `debug!` line saying why) when
-/// io_uring is unavailable, while an explicit `Uring` fails.
+/// io_uring is unavailable, while an explicit `Uring` fails. Std with `write_threads > 1` into an
+/// empty `target` is a [`ParallelBackend`].
 pub(crate) fn new_backend(
     kind: IoBackendKind,
     chown: bool,
     target: &Path,
+    write_threads: usize,
 ) -> Result<Box<dyn IoBackend>, ExtractError> {
     let (resolved, reason) = kind.resolve();
     match resolved {
@@ -362,7 +365,20 @@ pub(crate) fn new_backend(
                     ),
                 ));
             }
+            if write_threads > 1 && is_empty_dir(target) {
+                match ParallelBackend::new(write_threads, chown) {
+                    Ok(backend) => return Ok(Box::new(backend)),
+                    Err(error) => {
+                        debug!(%error, "could not start write threads; writing files on the extracting thread");
+                    }
+                }
+            }
             Ok(Box::new(StdBackend::new(chown)))
         }
     }
+}
+
+/// Whether `dir` is a directory with no entries (false when it cannot be read).
+fn is_empty_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
 }

@@ -37,7 +37,12 @@ pub fn extract_layer(
     target: &Path,
     options: &ExtractOptions,
 ) -> Result<LayerSummary, ExtractError> {
-    let mut backend = new_backend(options.backend, options.chown, target)?;
+    let mut backend = new_backend(
+        options.backend,
+        options.chown,
+        target,
+        options.write_threads,
+    )?;
     extract_with(tar, target, options, backend.as_mut())
 }
 
@@ -69,14 +74,21 @@ pub(crate) fn extract_with(
         entry: Default::default(),
         source,
     })?;
-    for entry in entries {
+    let walked = entries.into_iter().try_for_each(|entry| {
         let mut entry = entry.map_err(|source| ExtractError::Tar {
             entry: entry_path(&extractor.path),
             source,
         })?;
-        extractor.entry(&mut entry)?;
+        extractor.entry(&mut entry)
+    });
+    // The backend's deferred work comes first in tar order: its error, if any, is the one to
+    // report (an entry may have failed only because a write thread had).
+    let flushed = extractor.flush();
+    match (walked, flushed) {
+        (_, Err(deferred)) => return Err(deferred),
+        (Err(error), Ok(())) => return Err(error),
+        (Ok(()), Ok(())) => {}
     }
-    extractor.flush()?;
     let summary = extractor.summary;
     debug!(
         entries = summary.entries,
@@ -348,6 +360,11 @@ impl Extractor<'_> {
         name: &CStr,
         target: &[u8],
     ) -> Result<(), ExtractError> {
+        // The target is looked up by name (is it in this layer?): a file the backend has not
+        // created yet must be there first.
+        if self.backend.has_pending() {
+            self.flush()?;
+        }
         let mut link = std::mem::take(&mut self.link);
         let result = self.hardlink_to(path, parent, name, target, &mut link);
         self.link = link;
@@ -434,6 +451,11 @@ impl Extractor<'_> {
                 debug!(entry = %lossy(path), "skipping device nodes and fifos in this layer (special files are off)");
             }
             return Ok(());
+        }
+        // mknodat and chmod by name do not go through the backend: settle its pending files first
+        // (one may have this name).
+        if self.backend.has_pending() {
+            self.flush()?;
         }
         let header = entry.header();
         let major = header.device_major().ok().flatten().unwrap_or(0);

@@ -13,6 +13,7 @@ mod merge;
 mod metadata;
 mod name;
 mod options;
+mod parallel;
 mod remove;
 mod resolve;
 mod summary;
@@ -24,6 +25,7 @@ pub use extract::extract_layer;
 pub use finalize::finalize_tree;
 pub use merge::merge_layer;
 pub use options::{ExtractOptions, IoBackendKind};
+pub use parallel::ParallelBackend;
 pub use summary::{
     DeferredHardlink, DirectoryMetadata, LayerSummary, MergeStats, Timestamp, Xattr,
 };

@@ -52,7 +52,8 @@ pub fn merge_layer(
     options: &ExtractOptions,
 ) -> Result<MergeStats, ExtractError> {
     // The merge writes no file: the backend runs its renames, links, unlinks and mkdirs.
-    let mut backend = new_backend(options.backend, options.chown, root)?;
+    // The merge writes no regular file: no write threads.
+    let mut backend = new_backend(options.backend, options.chown, root, 1)?;
     merge_with(root, staged, summary, backend.as_mut())
 }
 

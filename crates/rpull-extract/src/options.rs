@@ -44,17 +44,30 @@ pub struct ExtractOptions {
     pub special_files: bool,
     /// The backend that writes regular files.
     pub backend: IoBackendKind,
+    /// Threads that create and write a layer's small regular files with the std backend
+    /// ([`ParallelBackend`](crate::ParallelBackend)), while the extracting thread parses the tar
+    /// and does everything else in order; `1` (or `0`) writes them on the extracting thread.
+    /// Used for a layer extracted into an empty directory (as the pipeline does), not by the
+    /// io_uring backend.
+    pub write_threads: usize,
 }
 
 impl ExtractOptions {
-    /// `chown` and `special_files` only when running as root (effective uid 0), the std backend.
+    /// `chown` and `special_files` only when running as root (effective uid 0), the std backend,
+    /// [`default_write_threads`](Self::default_write_threads).
     pub fn for_current_user() -> Self {
         let root = rustix::process::geteuid().is_root();
         Self {
             chown: root,
             special_files: root,
             backend: IoBackendKind::Std,
+            write_threads: Self::default_write_threads(),
         }
+    }
+
+    /// One write thread per core (at most 4): file creation scales with cores on tmpfs and ext4.
+    pub fn default_write_threads() -> usize {
+        std::thread::available_parallelism().map_or(1, |cores| cores.get().min(4))
     }
 }
 

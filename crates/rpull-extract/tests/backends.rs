@@ -1,5 +1,6 @@
-//! The std and io_uring backends give identical trees, metadata included, and report failures of
-//! deferred work naming the entry.
+//! The std backend (files written on the extracting thread or by write threads) and the io_uring
+//! backend give identical trees, metadata included, and report failures of deferred work naming
+//! the entry.
 
 mod common;
 
@@ -199,6 +200,23 @@ fn layers() -> Vec<Vec<u8>> {
         .file("bin/tool", 0o755, &content(3, 5000))
         .hardlink("bin/tool-again", "bin/tool")
         .file("bin/tool", 0o700, b"replaced after a hardlink")
+        // One directory under two names: the same file written through both goes through one
+        // write thread, in order.
+        .dir("real", 0o755)
+        .symlink("alias", "real")
+        .file("real/same", 0o644, b"through the real name")
+        .file("alias/same", 0o640, b"through the symlink, last")
+        .file("alias/only-alias", 0o644, b"through the symlink")
+        // A directory full of files still pending, replaced by a symlink, then written through.
+        .dir("doomed", 0o755)
+        .files_in("doomed", 40)
+        .symlink("doomed", "real")
+        .file("doomed/after", 0o644, b"through the new symlink")
+        // A pending file whose name becomes a directory, then a file again.
+        .file("flip", 0o644, b"first a file")
+        .dir("flip", 0o755)
+        .file("flip/inside", 0o644, b"gone with the directory")
+        .file("flip", 0o600, b"a file at last")
         .bytes();
     let second = Layer::new()
         .whiteout("data/d03/.wh.f005")
@@ -211,10 +229,11 @@ fn layers() -> Vec<Vec<u8>> {
     vec![base, second]
 }
 
-fn apply(backend: IoBackendKind) -> (Sandbox, Vec<Node>) {
+fn apply(backend: IoBackendKind, write_threads: usize) -> (Sandbox, Vec<Node>) {
     let sandbox = Sandbox::new();
     let options = ExtractOptions {
         backend,
+        write_threads,
         ..ExtractOptions::for_current_user()
     };
     sandbox.apply(&layers(), &options).unwrap();
@@ -223,17 +242,22 @@ fn apply(backend: IoBackendKind) -> (Sandbox, Vec<Node>) {
 }
 
 #[test]
-fn std_and_uring_give_identical_trees() {
-    if let (IoBackendKind::Std, Some(reason)) = IoBackendKind::Uring.resolve() {
-        eprintln!("skipping: io_uring unavailable: {reason}");
-        return;
-    }
-    let (_std_sandbox, std_tree) = apply(IoBackendKind::Std);
-    let (_uring_sandbox, uring_tree) = apply(IoBackendKind::Uring);
+fn std_parallel_and_uring_give_identical_trees() {
+    let (_std_sandbox, std_tree) = apply(IoBackendKind::Std, 1);
     assert!(std_tree.len() > 2200, "{} entries", std_tree.len());
-    assert_eq!(std_tree.len(), uring_tree.len());
-    for (std_node, uring_node) in std_tree.iter().zip(&uring_tree) {
-        assert_eq!(std_node, uring_node);
+    let mut others = vec![("parallel x2", apply(IoBackendKind::Std, 2))];
+    others.push(("parallel x5", apply(IoBackendKind::Std, 5)));
+    match IoBackendKind::Uring.resolve() {
+        (IoBackendKind::Std, Some(reason)) => {
+            eprintln!("skipping the uring tree: io_uring unavailable: {reason}")
+        }
+        _ => others.push(("uring", apply(IoBackendKind::Uring, 1))),
+    }
+    for (name, (_sandbox, tree)) in &others {
+        assert_eq!(std_tree.len(), tree.len(), "{name}");
+        for (std_node, node) in std_tree.iter().zip(tree) {
+            assert_eq!(std_node, node, "{name}");
+        }
     }
     // Spot checks that the trees are the intended ones, not merely equal.
     let find = |path: &str| {
@@ -253,6 +277,13 @@ fn std_and_uring_give_identical_trees() {
     assert_eq!(find("data/d01/f004").mode, 0o4755);
     assert_eq!(find("data/d01/f004").mtime, (1_500_001_004, 1004 * 7));
     assert_eq!(find("big").size, 2 * (1 << 20));
+    assert_eq!(find("real/same").data, b"through the symlink, last");
+    assert_eq!(find("real/same").mode, 0o640);
+    assert_eq!(find("real/only-alias").data, b"through the symlink");
+    assert_eq!(find("doomed").kind, 'l');
+    assert_eq!(find("real/after").data, b"through the new symlink");
+    assert_eq!(find("flip").data, b"a file at last");
+    assert_eq!(find("flip").mode, 0o600);
     assert_eq!(find("exactly-one-mib").size, 1 << 20);
     assert!(
         std_tree
@@ -279,7 +310,11 @@ fn std_and_uring_give_identical_trees() {
 /// backend (dropped with writes in flight) waits for them.
 #[test]
 fn failures_name_the_entry() {
-    for backend in [IoBackendKind::Std, IoBackendKind::Uring] {
+    for (backend, write_threads) in [
+        (IoBackendKind::Std, 1),
+        (IoBackendKind::Std, 2),
+        (IoBackendKind::Uring, 1),
+    ] {
         if backend.resolve().0 != backend {
             continue;
         }
@@ -293,6 +328,7 @@ fn failures_name_the_entry() {
             .bytes();
         let options = ExtractOptions {
             backend,
+            write_threads,
             ..common::plain_options()
         };
         match extract_layer(layer.as_slice(), &sandbox.root, &options) {

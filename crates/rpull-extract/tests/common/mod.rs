@@ -62,6 +62,15 @@ impl Layer {
         self
     }
 
+    /// `count` small files `DIR/fNNN`, each with its own content.
+    pub fn files_in(mut self, dir: &str, count: usize) -> Self {
+        for index in 0..count {
+            let content = format!("{dir} file {index}\n").repeat(index % 7 + 1);
+            self = self.file(&format!("{dir}/f{index:03}"), 0o644, content.as_bytes());
+        }
+        self
+    }
+
     pub fn symlink(mut self, name: &str, target: &str) -> Self {
         self.entry(
             EntryType::Symlink,
@@ -356,25 +365,30 @@ pub fn os(bytes: &[u8]) -> &Path {
 }
 
 thread_local! {
-    /// The backend of the test running on this thread (see [`backend_tests!`]).
-    static BACKEND: Cell<IoBackendKind> = const { Cell::new(IoBackendKind::Std) };
+    /// The backend and write threads of the test running on this thread (see [`backend_tests!`]).
+    static BACKEND: Cell<(IoBackendKind, usize)> = const { Cell::new((IoBackendKind::Std, 1)) };
 }
 
-/// Runs `test` with [`options`] and [`plain_options`] selecting `backend`. io_uring being
-/// unavailable (seccomp, `kernel.io_uring_disabled`) skips the uring variant loudly.
-pub fn with_backend(backend: IoBackendKind, test: fn()) {
+/// Write threads of the `parallel` variant: more than the cores of a CI machine, so that workers
+/// really overlap and get descheduled mid-batch.
+pub const PARALLEL_THREADS: usize = 3;
+
+/// Runs `test` with [`options`] and [`plain_options`] selecting `backend` and `write_threads`.
+/// io_uring being unavailable (seccomp, `kernel.io_uring_disabled`) skips the uring variant loudly.
+pub fn with_backend(backend: IoBackendKind, write_threads: usize, test: fn()) {
     if let (IoBackendKind::Std, Some(reason)) = backend.resolve()
         && backend == IoBackendKind::Uring
     {
         eprintln!("skipping the io_uring variant: {reason}");
         return;
     }
-    BACKEND.with(|cell| cell.set(backend));
+    BACKEND.with(|cell| cell.set((backend, write_threads)));
     test();
 }
 
 /// Turns each named test function (no `#[test]` of its own) into a module with one test per
-/// backend, `NAME::std` and `NAME::uring`: every extraction test runs on both.
+/// backend, `NAME::std` (files written on the extracting thread), `NAME::parallel` (std with
+/// [`PARALLEL_THREADS`] write threads) and `NAME::uring`: every extraction test runs on all three.
 #[macro_export]
 macro_rules! backend_tests {
     ($($name:ident),* $(,)?) => {
@@ -382,11 +396,19 @@ macro_rules! backend_tests {
             mod $name {
                 #[test]
                 fn std() {
-                    $crate::common::with_backend(rpull_extract::IoBackendKind::Std, super::$name);
+                    $crate::common::with_backend(rpull_extract::IoBackendKind::Std, 1, super::$name);
+                }
+                #[test]
+                fn parallel() {
+                    $crate::common::with_backend(
+                        rpull_extract::IoBackendKind::Std,
+                        $crate::common::PARALLEL_THREADS,
+                        super::$name,
+                    );
                 }
                 #[test]
                 fn uring() {
-                    $crate::common::with_backend(rpull_extract::IoBackendKind::Uring, super::$name);
+                    $crate::common::with_backend(rpull_extract::IoBackendKind::Uring, 1, super::$name);
                 }
             }
         )*
@@ -395,8 +417,10 @@ macro_rules! backend_tests {
 
 /// The options of the current user, with the backend of the running test.
 pub fn options() -> ExtractOptions {
+    let (backend, write_threads) = BACKEND.with(Cell::get);
     ExtractOptions {
-        backend: BACKEND.with(Cell::get),
+        backend,
+        write_threads,
         ..ExtractOptions::for_current_user()
     }
 }
