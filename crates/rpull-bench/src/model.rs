@@ -121,6 +121,8 @@ pub struct SweepResult {
     pub description: String,
     /// The points, in the order given.
     pub points: Vec<SweepPoint>,
+    /// Notes, each once (e.g. "page cache not dropped: not root").
+    pub notes: Vec<String>,
 }
 
 /// Where the figures were measured.

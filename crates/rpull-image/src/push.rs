@@ -7,7 +7,7 @@ use std::time::Instant;
 use rpull_registry::{Client, Digest, Reference};
 use tracing::debug;
 
-use crate::{Image, ImageError, ImageIndex, LayerData};
+use crate::{Blob, Image, ImageError, ImageIndex, LayerData};
 
 /// Chunk size for `push_blob_chunked` of file-backed layers.
 pub const PUSH_CHUNK_SIZE: usize = 16 << 20;
@@ -102,20 +102,10 @@ impl Image {
         reference: &str,
         options: &PushOptions,
     ) -> Result<PushReport, ImageError> {
-        let started = Instant::now();
-        let (repo, tag) = parse(reference)?;
-        let mut counts = Counts::default();
-        self.push_blobs(client, &repo, options, &mut counts).await?;
-        let pushed = push_manifest(
-            client,
-            &repo,
-            &tag,
-            &self.manifest.media_type,
-            &self.manifest.bytes,
-            reference,
-        )
-        .await?;
-        Ok(report(reference, pushed, started, counts))
+        push_tagged(client, reference, &self.manifest, async |repo, counts| {
+            self.push_blobs(client, repo, options, counts).await
+        })
+        .await
     }
 
     async fn push_blobs(
@@ -230,20 +220,32 @@ async fn push_manifest(
     client: &Client,
     repo: &Reference,
     tag: &str,
-    media_type: &str,
-    bytes: &bytes::Bytes,
+    manifest: &Blob,
     reference: &str,
 ) -> Result<Digest, ImageError> {
     client
-        .push_manifest(repo, tag, media_type, bytes.clone())
+        .push_manifest(repo, tag, &manifest.media_type, manifest.bytes.clone())
         .await
         .map_err(registry_error(format!(
             "pushing the manifest of {reference}"
         )))
 }
 
-fn report(reference: &str, digest: Digest, started: Instant, counts: Counts) -> PushReport {
-    PushReport {
+/// What every push does around its own part: parses `reference`, runs `content` (which pushes
+/// everything `tagged` refers to, counting the blobs), pushes `tagged` under the reference's tag
+/// (`latest` if none) and reports, timed from the first request to the tag's acceptance.
+async fn push_tagged(
+    client: &Client,
+    reference: &str,
+    tagged: &Blob,
+    content: impl AsyncFnOnce(&Reference, &mut Counts) -> Result<(), ImageError>,
+) -> Result<PushReport, ImageError> {
+    let started = Instant::now();
+    let (repo, tag) = parse(reference)?;
+    let mut counts = Counts::default();
+    content(&repo, &mut counts).await?;
+    let digest = push_manifest(client, &repo, &tag, tagged, reference).await?;
+    Ok(PushReport {
         reference: reference.to_owned(),
         digest,
         seconds: started.elapsed().as_secs_f64(),
@@ -251,7 +253,7 @@ fn report(reference: &str, digest: Digest, started: Instant, counts: Counts) -> 
         blobs_uploaded: counts.blobs_uploaded,
         blobs_mounted: counts.blobs_mounted,
         blobs_present: counts.blobs_present,
-    }
+    })
 }
 
 impl ImageIndex {
@@ -271,33 +273,36 @@ impl ImageIndex {
         reference: &str,
         options: &PushOptions,
     ) -> Result<PushReport, ImageError> {
-        let started = Instant::now();
-        let (repo, tag) = parse(reference)?;
-        let mut counts = Counts::default();
-        for image in &self.images {
-            image
-                .push_blobs(client, &repo, options, &mut counts)
-                .await?;
-            let what = format!("{reference} (manifest {})", image.manifest.digest);
-            push_manifest(
-                client,
-                &repo,
-                &image.manifest.digest,
-                &image.manifest.media_type,
-                &image.manifest.bytes,
-                &what,
-            )
-            .await?;
-        }
-        let pushed = push_manifest(
-            client,
-            &repo,
-            &tag,
-            &self.index.media_type,
-            &self.index.bytes,
-            reference,
-        )
-        .await?;
-        Ok(report(reference, pushed, started, counts))
+        push_tagged(client, reference, &self.index, async |repo, counts| {
+            for image in &self.images {
+                image.push_blobs(client, repo, options, counts).await?;
+                let what = format!("{reference} (manifest {})", image.manifest.digest);
+                push_manifest(client, repo, &image.manifest.digest, &image.manifest, &what).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// The push futures stay `Send`, so callers can spawn them.
+    #[test]
+    fn push_futures_are_send() {
+        let image = crate::ImageBuilder::new().build();
+        let index = crate::IndexBuilder::new(crate::ManifestFormat::default())
+            .image(image.clone())
+            .build();
+        let client = Client::new().expect("a client");
+        let options = PushOptions::default();
+        assert_send(&image.push(&client, "localhost:5000/a:1"));
+        assert_send(&image.push_with(&client, "localhost:5000/a:1", &options));
+        assert_send(&index.push(&client, "localhost:5000/a:1"));
+        assert_send(&index.push_with(&client, "localhost:5000/a:1", &options));
     }
 }

@@ -218,6 +218,14 @@ pub fn render_table(report: &BenchReport) -> String {
             ]);
         }
         table.render(&mut out);
+        // As for the stages: the cache note is printed once at the end.
+        for note in sweep
+            .notes
+            .iter()
+            .filter(|note| **note != report.cache_note)
+        {
+            let _ = writeln!(out, "  {}: note: {note}", sweep.parameter);
+        }
     }
 
     out.push('\n');
