@@ -2,7 +2,7 @@
 //! generates the benchmark layers of `docs/io-uring.md`:
 //!
 //! ```text
-//! cargo run --release -p rpull-extract --example extract_tar -- LAYER.tar TARGET_DIR [std|uring|auto]
+//! cargo run --release -p rpull-extract --example extract_tar -- LAYER.tar TARGET_DIR [std|uring|auto [WRITE_THREADS]]
 //! cargo run --release -p rpull-extract --example extract_tar -- generate-small OUT.tar [FILES]
 //! cargo run --release -p rpull-extract --example extract_tar -- generate-big OUT.tar [MIB]
 //! ```
@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let (Some(layer), Some(target)) = (arguments.first(), arguments.get(1)) else {
-        return Err("usage: extract_tar LAYER.tar TARGET_DIR [std|uring|auto]".into());
+        return Err("usage: extract_tar LAYER.tar TARGET_DIR [std|uring|auto [WRITE_THREADS]]".into());
     };
     let backend = match arguments.get(2).map(String::as_str) {
         None => rpull_extract::ExtractOptions::for_current_user().backend,
@@ -43,8 +43,13 @@ fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         Some("auto") => IoBackendKind::Auto,
         Some(other) => return Err(format!("unknown backend {other}").into()),
     };
+    let write_threads = match arguments.get(3) {
+        Some(threads) => threads.parse()?,
+        None => rpull_extract::ExtractOptions::default_write_threads(),
+    };
     let options = rpull_extract::ExtractOptions {
         backend,
+        write_threads,
         ..rpull_extract::ExtractOptions::for_current_user()
     };
     let started = Instant::now();
@@ -56,7 +61,7 @@ fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     rpull_extract::finalize_tree(target.as_ref(), std::slice::from_ref(&summary), &options)?;
     eprintln!(
-        "{:?}: {} entries, {} files, {} bytes in {:.3}s",
+        "{:?} x{write_threads}: {} entries, {} files, {} bytes in {:.3}s",
         backend.resolve().0,
         summary.entries,
         summary.files,
