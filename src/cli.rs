@@ -147,10 +147,11 @@ pub struct PullArgs {
     #[arg(long = "io", value_enum, default_value_t = IoArg::Std)]
     pub io: IoArg,
     /// Threads per layer that create and write its small files (std backend), while the layer's
-    /// tar is parsed and everything else is applied in order. Default: one per core, at most 4;
-    /// 1 writes them on the extracting thread.
-    #[arg(long, value_name = "N", default_value_t = rpull::ExtractOptions::default_write_threads())]
-    pub write_threads: usize,
+    /// tar is parsed and everything else is applied in order; 1 writes them on the extracting
+    /// thread. Default: one per core (at most 4) on tmpfs, 1 on other file systems (measured:
+    /// docs/performance.md).
+    #[arg(long, value_name = "N")]
+    pub write_threads: Option<usize>,
     /// When the tree is made durable: `auto` (one syncfs at the end on a disk, nothing on
     /// tmpfs), `end`, `layer` (also after each layer) or `none`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "none", "layer", "end"])]

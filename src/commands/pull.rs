@@ -25,10 +25,12 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
         options.extract.chown = false;
     }
     options.extract.backend = args.io.into();
-    if args.write_threads == 0 {
-        bail!("--write-threads must be at least 1");
+    if let Some(threads) = args.write_threads {
+        if threads == 0 {
+            bail!("--write-threads must be at least 1");
+        }
+        options.extract.write_threads = threads;
     }
-    options.extract.write_threads = args.write_threads;
     options.fsync = args.fsync.parse().map_err(anyhow::Error::msg)?;
     if args.connections_per_blob == 0 {
         bail!("--connections-per-blob must be at least 1");

@@ -34,7 +34,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let (Some(layer), Some(target)) = (arguments.first(), arguments.get(1)) else {
-        return Err("usage: extract_tar LAYER.tar TARGET_DIR [std|uring|auto [WRITE_THREADS]]".into());
+        return Err(
+            "usage: extract_tar LAYER.tar TARGET_DIR [std|uring|auto [WRITE_THREADS]]".into(),
+        );
     };
     let backend = match arguments.get(2).map(String::as_str) {
         None => rpull_extract::ExtractOptions::for_current_user().backend,
@@ -45,7 +47,7 @@ fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     };
     let write_threads = match arguments.get(3) {
         Some(threads) => threads.parse()?,
-        None => rpull_extract::ExtractOptions::default_write_threads(),
+        None => 0, // chosen per destination
     };
     let options = rpull_extract::ExtractOptions {
         backend,
@@ -61,8 +63,9 @@ fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     rpull_extract::finalize_tree(target.as_ref(), std::slice::from_ref(&summary), &options)?;
     eprintln!(
-        "{:?} x{write_threads}: {} entries, {} files, {} bytes in {:.3}s",
+        "{:?} x{}: {} entries, {} files, {} bytes in {:.3}s",
         backend.resolve().0,
+        options.write_threads_for(target.as_ref()),
         summary.entries,
         summary.files,
         summary.bytes_written,

@@ -41,7 +41,7 @@ pub fn extract_layer(
         options.backend,
         options.chown,
         target,
-        options.write_threads,
+        options.write_threads_for(target),
     )?;
     extract_with(tar, target, options, backend.as_mut())
 }

@@ -46,26 +46,46 @@ pub struct ExtractOptions {
     pub backend: IoBackendKind,
     /// Threads that create and write a layer's small regular files with the std backend
     /// ([`ParallelBackend`](crate::ParallelBackend)), while the extracting thread parses the tar
-    /// and does everything else in order; `1` (or `0`) writes them on the extracting thread.
-    /// Used for a layer extracted into an empty directory (as the pipeline does), not by the
-    /// io_uring backend.
+    /// and does everything else in order; `1` writes them on the extracting thread, `0` chooses
+    /// ([`write_threads_for`](Self::write_threads_for)). Used for a layer extracted into an empty
+    /// directory (as the pipeline does), not by the io_uring backend.
     pub write_threads: usize,
 }
 
 impl ExtractOptions {
     /// `chown` and `special_files` only when running as root (effective uid 0), the std backend,
-    /// [`default_write_threads`](Self::default_write_threads).
+    /// write threads chosen per destination (`0`).
     pub fn for_current_user() -> Self {
         let root = rustix::process::geteuid().is_root();
         Self {
             chown: root,
             special_files: root,
             backend: IoBackendKind::Std,
-            write_threads: Self::default_write_threads(),
+            write_threads: 0,
         }
     }
 
-    /// One write thread per core (at most 4): file creation scales with cores on tmpfs and ext4.
+    /// The write threads for a layer extracted into `target`: `write_threads` when set, else one
+    /// per core (at most 4) on tmpfs and 1 on other file systems.
+    ///
+    /// Measured (docs/performance.md): on tmpfs two threads create small files at twice the rate
+    /// of one. On the ext4 disks of the benchmark VMs (no journal) two threads were 13-20% slower
+    /// end to end after earlier deletes: inode allocation then scans for inodes not deleted
+    /// recently (`recently_deleted`, `find_inode_bit`), and two threads contend there.
+    pub fn write_threads_for(&self, target: &std::path::Path) -> usize {
+        if self.write_threads > 0 {
+            return self.write_threads;
+        }
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        match rustix::fs::statfs(target) {
+            // `f_type` is i64 on x86-64 glibc, another integer type elsewhere.
+            #[allow(clippy::unnecessary_cast)]
+            Ok(stat) if stat.f_type as i64 == TMPFS_MAGIC => Self::default_write_threads(),
+            _ => 1,
+        }
+    }
+
+    /// One write thread per core, at most 4.
     pub fn default_write_threads() -> usize {
         std::thread::available_parallelism().map_or(1, |cores| cores.get().min(4))
     }
@@ -74,5 +94,40 @@ impl ExtractOptions {
 impl Default for ExtractOptions {
     fn default() -> Self {
         Self::for_current_user()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn write_threads_are_chosen_per_file_system_unless_set() {
+        let auto = ExtractOptions::for_current_user();
+        assert_eq!(auto.write_threads, 0);
+        let set = ExtractOptions {
+            write_threads: 3,
+            ..auto.clone()
+        };
+        assert_eq!(set.write_threads_for(Path::new("/")), 3);
+        let is_tmpfs = |path: &str| {
+            rustix::fs::statfs(path).is_ok_and(|stat| {
+                #[allow(clippy::unnecessary_cast)]
+                let kind = stat.f_type as i64;
+                kind == 0x0102_1994
+            })
+        };
+        for path in ["/dev/shm", env!("CARGO_MANIFEST_DIR")] {
+            let expected = if is_tmpfs(path) {
+                ExtractOptions::default_write_threads()
+            } else {
+                1
+            };
+            assert_eq!(auto.write_threads_for(Path::new(path)), expected, "{path}");
+        }
+        // A destination that cannot be inspected gets one thread.
+        assert_eq!(auto.write_threads_for(Path::new("/no/such/dir")), 1);
     }
 }
