@@ -85,6 +85,9 @@ pub(crate) async fn pull(
     let mut tasks = JoinSet::new();
 
     let semaphore = Arc::new(Semaphore::new(options.max_concurrent_downloads));
+    // The biggest layer is the pipeline's critical path: the others run their decode and extract
+    // threads at a lower priority, filling the cores around it instead of taking turns with it.
+    let critical = critical_layer(&image.layers.iter().map(|l| l.size).collect::<Vec<_>>());
     for (index, (descriptor, codec)) in image.layers.iter().zip(codecs).enumerate() {
         let target = if index == 0 {
             staging.rootfs()
@@ -96,6 +99,7 @@ pub(crate) async fn pull(
             descriptor: descriptor.clone(),
             codec,
             target,
+            background: critical.is_some_and(|critical| critical != index),
         };
         let span = info_span!("layer", index, digest = %descriptor.digest);
         tasks.spawn(
@@ -238,6 +242,34 @@ struct LayerJob {
     descriptor: Descriptor,
     codec: Codec,
     target: PathBuf,
+    /// Not the image's biggest layer: its threads run at [`BACKGROUND_NICE`].
+    background: bool,
+}
+
+/// The layer whose threads keep the normal priority: the biggest (the first of equals); `None`
+/// for a single layer, which has nothing to share the cores with.
+fn critical_layer(sizes: &[u64]) -> Option<usize> {
+    if sizes.len() < 2 {
+        return None;
+    }
+    sizes
+        .iter()
+        .enumerate()
+        .max_by_key(|&(index, size)| (*size, std::cmp::Reverse(index)))
+        .map(|(index, _)| index)
+}
+
+/// The nice value of the decode, extract and write threads of every layer but the biggest.
+const BACKGROUND_NICE: i32 = 5;
+
+/// Lowers the calling thread's priority (Linux: per thread) to [`BACKGROUND_NICE`]. Raising a
+/// nice value needs no privilege; a failure only costs the scheduling hint.
+fn run_in_background() {
+    if let Err(errno) =
+        rustix::process::setpriority_process(Some(rustix::thread::gettid()), BACKGROUND_NICE)
+    {
+        debug!(%errno, "could not lower the priority of a layer thread");
+    }
 }
 
 struct LayerOutcome {
@@ -293,7 +325,12 @@ async fn layer_task(
             puller.options.extract.clone(),
         );
         let (cancel, runtime) = (threads.cancel_token(), Handle::current());
+        let background = job.background;
         threads.spawn(format!("rpull-layer-{}", job.index), move || {
+            if background {
+                // Inherited by the decode and write threads this one starts.
+                run_in_background();
+            }
             extract_worker(rx, codec, &target, &options, cancel, runtime)
         })?
     };
@@ -647,5 +684,49 @@ impl Drop for Threads {
         for handle in handles {
             let _ = handle.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_biggest_layer_is_the_critical_one() {
+        assert_eq!(critical_layer(&[]), None);
+        assert_eq!(critical_layer(&[10]), None);
+        assert_eq!(critical_layer(&[10, 30, 20]), Some(1));
+        assert_eq!(
+            critical_layer(&[30, 10, 30]),
+            Some(0),
+            "the first of equals"
+        );
+    }
+
+    #[test]
+    fn background_threads_get_a_lower_priority_and_only_they() {
+        let before = rustix::process::getpriority_process(None).unwrap();
+        let (own, child) = std::thread::spawn(|| {
+            run_in_background();
+            let own = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
+            // A thread started from a background thread inherits its priority.
+            let child = std::thread::spawn(|| {
+                rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+            })
+            .join()
+            .unwrap();
+            (own, child)
+        })
+        .join()
+        .unwrap();
+        if before <= BACKGROUND_NICE {
+            assert_eq!(own, BACKGROUND_NICE);
+        }
+        assert_eq!(child, own);
+        assert_eq!(
+            rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap(),
+            before,
+            "the calling thread keeps its priority"
+        );
     }
 }
