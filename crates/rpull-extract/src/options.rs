@@ -19,7 +19,7 @@ pub enum IoBackendKind {
 impl IoBackendKind {
     /// The backend that will actually be used, and why io_uring is not when it was asked for
     /// (`Auto` or `Uring`) and is unavailable: `ENOSYS` (kernel without io_uring), `EPERM` (seccomp,
-    /// `/proc/sys/kernel/io_uring_disabled`), missing operations (kernel older than 5.19). An
+    /// `/proc/sys/kernel/io_uring_disabled`), missing WRITE or CLOSE (kernel older than 5.6). An
     /// explicit `Uring` that resolves to `Std` makes extraction fail with that reason. (A missing
     /// namespace operation is no reason: that operation stays a system call.)
     pub fn resolve(self) -> (IoBackendKind, Option<String>) {
