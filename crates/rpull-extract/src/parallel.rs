@@ -141,7 +141,8 @@ pub struct ParallelBackend {
     /// Hashes of the (directory, name) keys handed to workers since the last flush. A collision
     /// only costs an unneeded flush.
     pending: HashSet<u64, FixedState>,
-    /// Hashes of the keys this layer made a directory or a symlink.
+    /// Hashes of the keys this layer made a directory or a symlink, never removed. A collision
+    /// only sends a file to the extracting thread.
     made: HashSet<u64, FixedState>,
     /// The last parent seen and its (device, inode), to stat each directory once per run of files.
     last_parent: Option<(Arc<OwnedFd>, (u64, u64))>,
@@ -417,8 +418,8 @@ impl IoBackend for ParallelBackend {
             .inline
             .write_file(file, &mut io::Cursor::new(spill).chain(data))?;
         self.replaced |= self.inline.take_replaced();
-        // It is a regular file now; a later one of the same name may go to a worker again.
-        self.made.remove(&key);
+        // The key stays in `made` although the name is a regular file now: a later file of the
+        // same name is written here too. Removing it could drop another key of the same hash.
         Ok(written)
     }
 
