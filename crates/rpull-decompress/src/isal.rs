@@ -1,5 +1,5 @@
 //! gzip through ISA-L's `isal_inflate` (hand-tuned x86-64/aarch64 assembly): on the 2-vCPU VMs
-//! rpull is measured on it inflates about twice as fast as zlib-rs (docs/performance.md).
+//! rpull is measured on it inflates 1.6-1.95x as fast as zlib-rs (docs/performance.md, docs/criterion.md).
 //!
 //! The C side (csrc/isal_gzip.c) keeps `struct inflate_state` opaque; this side feeds it from a
 //! `BufRead` without copying the input, and handles concatenated members as gzip(1) and
