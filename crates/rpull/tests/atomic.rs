@@ -535,3 +535,105 @@ fn assert_nothing_left(dest: &Path, point: DropPoint) {
         "{point:?}: staging left after the drop: {left:?}"
     );
 }
+
+/// Options with write threads on whatever file system the test directory is on (the default
+/// turns them on for tmpfs only).
+fn with_write_threads() -> PullOptions {
+    let mut options = PullOptions::default();
+    options.extract.write_threads = 3;
+    options
+}
+
+/// A layer of `files` small files in 20 directories.
+fn many_files_layer(files: usize) -> LayerBuilder {
+    let mut layer = LayerBuilder::new();
+    for index in 0..files {
+        layer = layer.file(
+            &format!("d{:02}/f{index:05}", index % 20),
+            random_bytes(512 + index % 3000, index as u64),
+            0o644,
+        );
+    }
+    layer
+}
+
+/// With write threads holding queued files: a gzip stream cut in the middle fails the pull, a
+/// tar or decompress error of that layer, and nothing is committed or left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_layer_with_write_threads_commits_nothing() {
+    let env = Env::start();
+    let gzip = Compression::Gzip.compress(&many_files_layer(3000).build());
+    let cut = gzip[..gzip.len() * 2 / 3].to_vec();
+    let layer = ImageLayer {
+        digest: sha256_digest(&cut),
+        diff_id: sha256_digest(b"not checked by pulls"),
+        size: cut.len() as u64,
+        compression: Compression::Gzip,
+        media_type: String::new(),
+        data: LayerData::Memory(cut.into()),
+    };
+    let image = two_layer_image(layer);
+    let reference = env.push(&image, "atomic/threads:cut").await;
+    let dest = env.dest("rootfs-threads-cut");
+    let error = env
+        .puller(with_write_threads())
+        .pull(&reference, &dest)
+        .await
+        .expect_err("a truncated layer");
+    assert!(
+        matches!(
+            &error,
+            PullError::Decompress { index: 1, .. } | PullError::Extract { index: 1, .. }
+        ),
+        "{error:?}: {}",
+        chain(&error)
+    );
+    assert_nothing_committed(&dest);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_nothing_committed(&dest);
+}
+
+/// The pull future dropped while write threads have files queued: nothing at DIR, no staging
+/// directory, then or a moment later (no write thread still creating files); the same pull to
+/// the same DIR then succeeds with every file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_pull_with_write_threads_removes_everything() {
+    let env = Env::start();
+    let image = ImageBuilder::new()
+        .layer(
+            LayerBuilder::new().file("first", "first\n", 0o644),
+            Compression::Gzip,
+        )
+        .layer(many_files_layer(6000), Compression::None)
+        .build();
+    let reference = env.push(&image, "atomic/threads:v1").await;
+    let dest = env.dest("rootfs-threads");
+    let point = DropPoint::FirstProgressOfBigLayer;
+    let (reached_tx, mut reached_rx) = tokio::sync::mpsc::unbounded_channel();
+    let puller = Puller::builder()
+        .client(env.registry.client().unwrap())
+        .options(with_write_threads())
+        .on_event(move |event| {
+            if point.reached(event) {
+                let _ = reached_tx.send(());
+            }
+        })
+        .build()
+        .unwrap();
+    let pull = puller.pull(&reference, &dest);
+    tokio::select! {
+        result = pull => panic!("the pull ended before it was dropped: {:?}", result.map(|_| ())),
+        _ = reached_rx.recv() => {}
+    }
+    assert_nothing_left(&dest, point);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_nothing_left(&dest, point);
+
+    env.puller(with_write_threads())
+        .pull(&reference, &dest)
+        .await
+        .unwrap_or_else(|e| panic!("{}", chain(&e)));
+    let tree = paths(&snapshot(&dest));
+    assert_eq!(tree.iter().filter(|path| path.contains("/f")).count(), 6000);
+    assert!(tree.iter().any(|path| path == "first"));
+}
