@@ -262,41 +262,4 @@ mod tests {
             );
         }
     }
-
-    /// The real sweeps against a registry: one note, the cache policy's, however many runs.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn network_sweeps_carry_the_cache_note_once() {
-        use rpull_testing::{
-            Compression, ImageBuilder, LayerBuilder, RegistryOptions, TestRegistry,
-        };
-        let registry =
-            TestRegistry::start(RegistryOptions::plain()).expect("starting docker-registry");
-        let tar = LayerBuilder::new()
-            .file("a", vec![1u8; 50_000], 0o644)
-            .build();
-        let image = ImageBuilder::new()
-            .layer_tar(&tar, Compression::Gzip)
-            .build();
-        registry.push_image(&image, "sweep:1").await.expect("push");
-        let reference: rpull::Reference = registry.reference("sweep:1").parse().unwrap();
-        let bench = BenchImage::resolve(
-            &registry.client().unwrap(),
-            &reference,
-            &rpull::Platform::host(),
-        )
-        .await
-        .expect("resolving");
-        let warm = CachePolicy::Keep("tests keep caches warm".to_owned());
-
-        let chunks = chunk_size_sweep(&bench, &[10_000, 100_000], 2, &warm)
-            .await
-            .expect("chunk-size sweep");
-        assert_eq!(chunks.notes, ["tests keep caches warm"]);
-        assert_eq!(chunks.points.len(), 2);
-        let clients = clients_sweep(&bench, &[1, 2], 2, &warm)
-            .await
-            .expect("clients sweep");
-        assert_eq!(clients.notes, ["tests keep caches warm"]);
-        assert_eq!(clients.points[1].count, 4);
-    }
 }

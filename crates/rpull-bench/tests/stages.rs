@@ -326,3 +326,19 @@ async fn extraction_applies_whiteouts_and_links_like_a_pull() {
     rpull_testing::assert_trees_equal(&a, &b, &rpull_testing::DiffOptions::default());
     assert!(!Path::new(&root.join("gone")).exists());
 }
+
+/// The real sweeps against a registry: one note, the cache policy's, however many runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_sweeps_carry_the_cache_note_once() {
+    let f = fixture().await;
+    let chunks = rpull_bench::sweep::chunk_size_sweep(&f.bench, &[10_000, 100_000], 2, &warm())
+        .await
+        .expect("chunk-size sweep");
+    assert_eq!(chunks.notes, ["tests keep caches warm"]);
+    assert_eq!(chunks.points.len(), 2);
+    let clients = rpull_bench::sweep::clients_sweep(&f.bench, &[1, 2], 2, &warm())
+        .await
+        .expect("clients sweep");
+    assert_eq!(clients.notes, ["tests keep caches warm"]);
+    assert_eq!(clients.points[1].count, 4);
+}
