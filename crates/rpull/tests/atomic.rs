@@ -204,18 +204,23 @@ async fn size_mismatch_fails_verification() {
     }
 }
 
-/// A layer whose bytes match its digest but do not decode: the pull fails with a decompress
-/// error, or a tar error (the decoder failing under the tar reader), of that layer.
-async fn assert_undecodable(env: &Env, name: &str, bytes: Vec<u8>) {
-    let layer = ImageLayer {
+/// A layer declared gzip whose blob is `bytes` as they are (its digest matches them; whether they
+/// decode is the test's business).
+fn gzip_layer_of_bytes(bytes: Vec<u8>) -> ImageLayer {
+    ImageLayer {
         digest: sha256_digest(&bytes),
         diff_id: sha256_digest(b"not checked by pulls"),
         size: bytes.len() as u64,
         compression: Compression::Gzip,
         media_type: String::new(),
         data: LayerData::Memory(bytes.into()),
-    };
-    let image = two_layer_image(layer);
+    }
+}
+
+/// A layer whose bytes match its digest but do not decode: the pull fails with a decompress
+/// error, or a tar error (the decoder failing under the tar reader), of that layer.
+async fn assert_undecodable(env: &Env, name: &str, bytes: Vec<u8>) {
+    let image = two_layer_image(gzip_layer_of_bytes(bytes));
     let reference = env.push(&image, &format!("atomic/gzip:{name}")).await;
     let dest = env.dest(&format!("rootfs-{name}"));
     let error = env.pull(&reference, &dest).await.expect_err(name);
@@ -563,16 +568,7 @@ fn many_files_layer(files: usize) -> LayerBuilder {
 async fn truncated_layer_with_write_threads_commits_nothing() {
     let env = Env::start();
     let gzip = Compression::Gzip.compress(&many_files_layer(3000).build());
-    let cut = gzip[..gzip.len() * 2 / 3].to_vec();
-    let layer = ImageLayer {
-        digest: sha256_digest(&cut),
-        diff_id: sha256_digest(b"not checked by pulls"),
-        size: cut.len() as u64,
-        compression: Compression::Gzip,
-        media_type: String::new(),
-        data: LayerData::Memory(cut.into()),
-    };
-    let image = two_layer_image(layer);
+    let image = two_layer_image(gzip_layer_of_bytes(gzip[..gzip.len() * 2 / 3].to_vec()));
     let reference = env.push(&image, "atomic/threads:cut").await;
     let dest = env.dest("rootfs-threads-cut");
     let error = env
