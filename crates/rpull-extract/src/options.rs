@@ -69,7 +69,7 @@ impl ExtractOptions {
     /// per core (at most 4) on tmpfs and 1 on other file systems.
     ///
     /// Measured (docs/performance.md): on tmpfs two threads create small files at twice the rate
-    /// of one. On the ext4 disks of the benchmark VMs (no journal) two threads were 13-20% slower
+    /// of one. On the ext4 disks of the benchmark VMs (no journal) two threads were 12-23% slower
     /// end to end after earlier deletes: inode allocation then scans for inodes not deleted
     /// recently (`recently_deleted`, `find_inode_bit`), and two threads contend there.
     pub fn write_threads_for(&self, target: &std::path::Path) -> usize {

@@ -32,7 +32,7 @@
 use std::collections::HashSet;
 use std::ffi::CStr;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -140,10 +140,10 @@ pub struct ParallelBackend {
     inline: StdBackend,
     /// Hashes of the (directory, name) keys handed to workers since the last flush. A collision
     /// only costs an unneeded flush.
-    pending: HashSet<u64, FixedState>,
+    pending: HashSet<u64>,
     /// Hashes of the keys this layer made a directory or a symlink, never removed. A collision
     /// only sends a file to the extracting thread.
-    made: HashSet<u64, FixedState>,
+    made: HashSet<u64>,
     /// The last parent seen and its (device, inode), to stat each directory once per run of files.
     last_parent: Option<(Arc<OwnedFd>, (u64, u64))>,
     /// Recycled batch buffers.
@@ -162,20 +162,11 @@ impl fmt::Debug for ParallelBackend {
     }
 }
 
-/// A deterministic hasher state (SipHash with fixed keys): the keys only need to spread.
-#[derive(Clone, Copy, Default)]
-struct FixedState;
-
-impl BuildHasher for FixedState {
-    type Hasher = std::collections::hash_map::DefaultHasher;
-    fn build_hasher(&self) -> Self::Hasher {
-        std::collections::hash_map::DefaultHasher::new()
-    }
-}
-
-/// A key's hash is itself: the set stores already-hashed keys.
+/// The hash of the key (parent directory's device and inode, name) that `pending`, `made` and the
+/// choice of worker go by. `DefaultHasher::new()` is SipHash with fixed keys: the same key always
+/// goes to the same worker.
 fn key_hash(directory: (u64, u64), name: &[u8]) -> u64 {
-    let mut hasher = FixedState.build_hasher();
+    let mut hasher = DefaultHasher::new();
     directory.hash(&mut hasher);
     name.hash(&mut hasher);
     hasher.finish()
@@ -213,29 +204,30 @@ impl ParallelBackend {
         })
     }
 
-    /// The (device, inode) of `parent`, from the last call when it is the same descriptor.
-    fn directory_key(&mut self, parent: &Arc<OwnedFd>) -> Result<(u64, u64), Errno> {
-        if let Some((last, key)) = &self.last_parent
-            && Arc::ptr_eq(last, parent)
-        {
-            return Ok(*key);
+    /// The (device, inode) of `dir`: from `last_parent` when it is that open descriptor (kept open
+    /// there, so its number cannot have been reused), else `fstat`.
+    fn identity(&self, dir: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
+        match &self.last_parent {
+            Some((last, identity)) if last.as_raw_fd() == dir.as_raw_fd() => Ok(*identity),
+            _ => {
+                let stat = rustix::fs::fstat(dir)?;
+                Ok((stat.st_dev, stat.st_ino))
+            }
         }
-        let stat = rustix::fs::fstat(parent.as_fd())?;
-        let key = (stat.st_dev, stat.st_ino);
-        self.last_parent = Some((Arc::clone(parent), key));
-        Ok(key)
+    }
+
+    /// [`identity`](Self::identity) of a file's parent, which becomes `last_parent`: files come
+    /// in runs of the same directory, so each directory is stat'ed once per run.
+    fn directory_key(&mut self, parent: &Arc<OwnedFd>) -> Result<(u64, u64), Errno> {
+        let identity = self.identity(parent.as_fd())?;
+        if !matches!(&self.last_parent, Some((last, _)) if Arc::ptr_eq(last, parent)) {
+            self.last_parent = Some((Arc::clone(parent), identity));
+        }
+        Ok(identity)
     }
 
     fn key_of(&self, dir: BorrowedFd<'_>, name: &CStr) -> Result<u64, Errno> {
-        let directory = match &self.last_parent {
-            // The same open directory: `last_parent` keeps it open, so its number is not reused.
-            Some((last, key)) if last.as_raw_fd() == dir.as_raw_fd() => *key,
-            _ => {
-                let stat = rustix::fs::fstat(dir)?;
-                (stat.st_dev, stat.st_ino)
-            }
-        };
-        Ok(key_hash(directory, name.to_bytes()))
+        Ok(key_hash(self.identity(dir)?, name.to_bytes()))
     }
 
     /// Waits for the workers when `name` in `dir` may be a pending file.
