@@ -257,11 +257,18 @@ impl ParallelBackend {
     /// a worker's error (once: after that, as after any error, the workers write nothing more).
     fn barrier(&mut self) -> Result<(), ExtractError> {
         self.wait_all()?;
-        if let Some(error) = self.shared.take_error() {
-            self.poisoned = true;
-            return Err(error);
+        self.worker_error()
+    }
+
+    /// A worker's error, once; the backend refuses files from then on.
+    fn worker_error(&mut self) -> Result<(), ExtractError> {
+        match self.shared.take_error() {
+            Some(error) => {
+                self.poisoned = true;
+                Err(error)
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Sends every partial batch and waits until the workers have done everything sent.
@@ -287,10 +294,7 @@ impl ParallelBackend {
 
     /// Before accepting a file: a worker's error (once), or a refusal after any error.
     fn check(&mut self) -> Result<(), ExtractError> {
-        if let Some(error) = self.shared.take_error() {
-            self.poisoned = true;
-            return Err(error);
-        }
+        self.worker_error()?;
         if self.poisoned {
             return Err(poisoned());
         }
