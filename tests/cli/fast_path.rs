@@ -68,3 +68,66 @@ fn bad_fast_path_values_are_refused() {
     );
     assert!(!dest.exists());
 }
+
+/// A durable pull writes back while it extracts: a `syncfs` after each 64 MiB extracted, before
+/// the final one. `--fsync none` leaves all of it to the kernel.
+#[test]
+fn a_durable_pull_writes_back_while_it_extracts() {
+    use rpull_testing::{Compression, ImageBuilder, LayerBuilder, random_bytes};
+
+    let registry = TestRegistry::start(RegistryOptions::plain()).unwrap();
+    // 160 MiB of tar in two layers: two complete steps at least.
+    let image = ImageBuilder::new()
+        .layer(
+            LayerBuilder::new().file("a/big", random_bytes(96 << 20, 3), 0o644),
+            Compression::None,
+        )
+        .layer(
+            LayerBuilder::new().file("b/big", random_bytes(64 << 20, 4), 0o644),
+            Compression::None,
+        )
+        .build();
+    crate::common::block_on(registry.push_image(&image, "wb:1")).expect("push");
+    drop(image);
+    let reference = registry.reference("wb:1");
+
+    let sandbox = Sandbox::new();
+    let durable = sandbox.join("durable");
+    let outcome = sandbox
+        .rpull()
+        .args(["--fsync", "end", "-v"])
+        .pull(&reference, &durable);
+    outcome.success();
+    let line = outcome
+        .stderr
+        .lines()
+        .find(|l| l.contains("write-back finished"))
+        .unwrap_or_else(|| panic!("no write-back line\n{outcome}"));
+    let syncs: u64 = line
+        .split("early_syncs=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {line:?}"));
+    // Two complete steps; steps that complete while a sync runs are written back by the next
+    // one, so a slow disk may see one sync. Never more than one per step.
+    assert!(
+        (1..=2).contains(&syncs),
+        "160 MiB extracted: 1 or 2 early syncs expected, got {syncs}"
+    );
+    assert_eq!(
+        std::fs::metadata(durable.join("b/big")).unwrap().len(),
+        64 << 20
+    );
+
+    let loose = sandbox.join("loose");
+    let outcome = sandbox
+        .rpull()
+        .args(["--fsync", "none", "-v"])
+        .pull(&reference, &loose);
+    outcome.success();
+    assert!(
+        !outcome.stderr.contains("write-back finished"),
+        "--fsync none has no write-back\n{outcome}"
+    );
+}

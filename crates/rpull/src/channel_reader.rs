@@ -7,6 +7,8 @@ use tokio::runtime::Handle;
 use tokio::sync::mpsc::Receiver;
 use tokio_util::sync::CancellationToken;
 
+use crate::durability::WritebackCounter;
+
 /// Reads the chunks a download task sends; end of stream when the sender is dropped.
 /// Reading fails with [`io::ErrorKind::Interrupted`]-free `Other` errors once the pull is
 /// cancelled, so an extraction stuck waiting for bytes returns promptly.
@@ -82,15 +84,20 @@ impl BufRead for ChannelReader {
     }
 }
 
-/// Counts the bytes read through it.
+/// Counts the bytes read through it, and reports them to the pull's early write-back, if any.
 pub(crate) struct CountingReader<R> {
     inner: R,
     count: u64,
+    writeback: Option<WritebackCounter>,
 }
 
 impl<R> CountingReader<R> {
-    pub(crate) fn new(inner: R) -> Self {
-        CountingReader { inner, count: 0 }
+    pub(crate) fn new(inner: R, writeback: Option<WritebackCounter>) -> Self {
+        CountingReader {
+            inner,
+            count: 0,
+            writeback,
+        }
     }
 
     pub(crate) fn count(&self) -> u64 {
@@ -102,6 +109,9 @@ impl<R: Read> Read for CountingReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.count += n as u64;
+        if let Some(writeback) = &self.writeback {
+            writeback.add(n as u64);
+        }
         Ok(n)
     }
 }

@@ -20,7 +20,7 @@ use tracing::{Instrument, debug, info_span};
 
 use crate::channel_reader::{ChannelReader, CountingReader};
 use crate::decoded::{DecodedSender, decoded_channel};
-use crate::durability::{fsync_dir, syncfs};
+use crate::durability::{WRITEBACK_STEP, Writeback, WritebackCounter, fsync_dir, syncfs};
 use crate::staging::{DestinationState, Staging, destination_state};
 use crate::{FsyncPolicy, LayerReport, LayerState, PullError, PullEvent, PullReport, Puller};
 
@@ -81,6 +81,20 @@ pub(crate) async fn pull(
     let staging = Staging::create(dest)?;
     let fsync = options.fsync.resolve(&staging.rootfs());
     let mut sync_seconds = 0.0;
+    // A durable pull starts writing back while it extracts; `none` leaves it to the kernel.
+    let writeback = if matches!(fsync, FsyncPolicy::End | FsyncPolicy::Layer) {
+        Some(
+            Writeback::start(&staging.rootfs(), WRITEBACK_STEP).map_err(|source| {
+                PullError::Io {
+                    action: "starting the write-back of",
+                    path: staging.rootfs(),
+                    source,
+                }
+            })?,
+        )
+    } else {
+        None
+    };
     let threads = Threads::new();
     let mut tasks = JoinSet::new();
 
@@ -100,6 +114,7 @@ pub(crate) async fn pull(
             codec,
             target,
             background: critical.is_some_and(|critical| critical != index),
+            writeback: writeback.as_ref().map(Writeback::counter),
         };
         let span = info_span!("layer", index, digest = %descriptor.digest);
         tasks.spawn(
@@ -180,8 +195,8 @@ pub(crate) async fn pull(
             source,
         })?;
 
-    if matches!(fsync, FsyncPolicy::End | FsyncPolicy::Layer) {
-        sync_seconds += sync(&threads, staging.rootfs(), false).await?;
+    if let Some(writeback) = writeback {
+        sync_seconds += finish_writeback(&threads, writeback, staging.rootfs()).await?;
     }
     staging.commit(dest, options.force)?;
     if matches!(fsync, FsyncPolicy::End | FsyncPolicy::Layer) {
@@ -237,6 +252,30 @@ async fn sync(threads: &Threads, path: PathBuf, directory_only: bool) -> Result<
         .map_err(|_| threads.lost())?
 }
 
+/// The final `syncfs` of a pull, on the early write-back's descriptor (so an error it saw is not
+/// lost); returns the seconds it took.
+async fn finish_writeback(
+    threads: &Threads,
+    writeback: Writeback,
+    path: PathBuf,
+) -> Result<f64, PullError> {
+    threads
+        .spawner()
+        .spawn("rpull-sync", move || {
+            let started = Instant::now();
+            writeback
+                .finish()
+                .map(|()| started.elapsed().as_secs_f64())
+                .map_err(|source| PullError::Io {
+                    action: "syncing",
+                    path,
+                    source,
+                })
+        })?
+        .await
+        .map_err(|_| threads.lost())?
+}
+
 struct LayerJob {
     index: usize,
     descriptor: Descriptor,
@@ -244,6 +283,8 @@ struct LayerJob {
     target: PathBuf,
     /// Not the image's biggest layer: its threads run at [`BACKGROUND_NICE`].
     background: bool,
+    /// Where the extracted bytes are counted for the early write-back, if the pull has one.
+    writeback: Option<WritebackCounter>,
 }
 
 /// The layer whose threads keep the normal priority: the biggest (the first of equals); `None`
@@ -319,10 +360,11 @@ async fn layer_task(
 
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let worker = {
-        let (target, codec, options) = (
+        let (target, codec, options, writeback) = (
             job.target.clone(),
             job.codec,
             puller.options.extract.clone(),
+            job.writeback.clone(),
         );
         let (cancel, runtime) = (threads.cancel_token(), Handle::current());
         let background = job.background;
@@ -331,7 +373,7 @@ async fn layer_task(
                 // Inherited by the decode and write threads this one starts.
                 run_in_background();
             }
-            extract_worker(rx, codec, &target, &options, cancel, runtime)
+            extract_worker(rx, codec, &target, &options, writeback, cancel, runtime)
         })?
     };
     let download = download(&puller, &repository, &job, tx).await;
@@ -529,6 +571,7 @@ fn extract_worker(
     codec: Codec,
     target: &Path,
     options: &ExtractOptions,
+    writeback: Option<WritebackCounter>,
     cancel: CancellationToken,
     runtime: Handle,
 ) -> Result<Extracted, WorkerError> {
@@ -547,7 +590,7 @@ fn extract_worker(
             })
             .map_err(WorkerError::Decompress)?;
 
-        let mut tar = CountingReader::new(decoded);
+        let mut tar = CountingReader::new(decoded, writeback);
         let extracted = extract_layer(&mut tar, target, options).map(|summary| {
             // End-of-archive padding and anything after it: the decoder must reach its end
             // (and check the gzip CRC) before the layer counts as extracted.
