@@ -224,7 +224,9 @@ fn writeback_loop(shared: &Shared, dir: &rustix::fd::OwnedFd) {
             return;
         }
         let extracted = shared.extracted.load(Ordering::Relaxed);
-        if extracted - synced < shared.step {
+        // A sync for each step boundary crossed since the last one (the counter wakes the
+        // thread on the same condition); boundaries crossed during a sync make one more.
+        if extracted / shared.step == synced / shared.step {
             // Spurious wake-ups and unparks that came before the park are both fine: the
             // condition is checked again.
             std::thread::park();
