@@ -13,13 +13,15 @@ use rpull_testing::{
 };
 use serde_json::Value;
 
-const STAGES: [&str; 7] = [
+const STAGES: [&str; 9] = [
     "network",
     "network-ranged",
     "decompress-1core",
     "decompress-all",
     "extract-tmpfs",
+    "tar-tmpfs",
     "extract-disk",
+    "tar-disk",
     "end-to-end",
 ];
 
@@ -165,6 +167,10 @@ fn bench_json_matches_the_documented_schema() {
     let work = tempfile::tempdir().unwrap();
     let empty_path = work.path().join("no-tools");
     std::fs::create_dir(&empty_path).unwrap();
+    // No peer tools, but GNU tar for the extract stages' reference.
+    let tar = rpull_bench::peers::find_executable("tar", &std::env::var_os("PATH").unwrap())
+        .expect("GNU tar is installed");
+    std::os::unix::fs::symlink(&tar, empty_path.join("tar")).unwrap();
     let dest = work.path().join("dest/rootfs");
     let svg = work.path().join("chart.svg");
     let output = rpull(
@@ -251,9 +257,10 @@ fn bench_json_matches_the_documented_schema() {
                     assert_eq!(sample["bytes_in"].as_u64(), Some(compressed));
                     assert_eq!(sample["bytes_out"].as_u64(), Some(tar));
                 }
-                "extract-tmpfs" | "extract-disk" => {
+                "extract-tmpfs" | "extract-disk" | "tar-tmpfs" | "tar-disk" => {
                     assert_eq!(sample["bytes_in"].as_u64(), Some(tar));
                     assert_eq!(sample["files"].as_u64(), Some(entries));
+                    assert!(sample["sync_seconds"].is_number(), "{stage}");
                 }
                 "end-to-end" => {
                     assert_eq!(sample["bytes_in"].as_u64(), Some(compressed));
@@ -392,6 +399,13 @@ fn bench_table_lists_every_stage_and_the_floor() {
         assert!(
             table.lines().any(|line| line.starts_with(stage)),
             "{stage} has a row:\n{table}"
+        );
+    }
+    // PATH has no tar here: its reference stages say so instead of showing a number.
+    for stage in ["tar-tmpfs", "tar-disk"] {
+        assert!(
+            table.contains(&format!("{stage}: note: skipped: no `tar` in PATH")),
+            "{stage}:\n{table}"
         );
     }
     for expected in [

@@ -12,7 +12,7 @@ use crate::error::BenchError;
 use crate::resources::{cpus, filesystem_type, machine_info};
 use crate::stages::{
     self, BenchImage, CachePolicy, DecompressMode, ExtractTarget, FetchMode, ImageSize,
-    LocalLayers, PullCommand, skipped_stage,
+    LocalLayers, PullCommand, TarReference, skipped_stage,
 };
 use crate::{BenchReport, FloorTerms, StageResult, SweepResult, sweep};
 
@@ -66,6 +66,9 @@ pub struct BenchOptions {
     pub chunk_sizes: Vec<u64>,
     /// `--clients` values.
     pub clients: Vec<usize>,
+    /// GNU tar, run beside each extract stage as its reference (`tar-tmpfs`, `tar-disk`);
+    /// `None` reports those stages skipped. Default: `tar` from PATH.
+    pub tar: Option<PathBuf>,
 }
 
 impl BenchOptions {
@@ -84,6 +87,8 @@ impl BenchOptions {
             concurrency: Vec::new(),
             chunk_sizes: Vec::new(),
             clients: Vec::new(),
+            tar: std::env::var_os("PATH")
+                .and_then(|path| crate::peers::find_executable("tar", &path)),
         }
     }
 }
@@ -249,18 +254,22 @@ impl Bench {
             base: dir.path().to_owned(),
         });
         match tmpfs_target {
-            Some(target) => results.push(self.extract_stage(&local, target).await?),
-            None => results.push(skipped_stage(
-                "extract-tmpfs",
-                String::new(),
-                format!("{TMPFS_DIR} is not a tmpfs mount"),
-            )),
+            Some(target) => results.extend(self.extract_stage(&local, target, "tar-tmpfs").await?),
+            None => {
+                for stage in ["extract-tmpfs", "tar-tmpfs"] {
+                    results.push(skipped_stage(
+                        stage,
+                        String::new(),
+                        format!("{TMPFS_DIR} is not a tmpfs mount"),
+                    ));
+                }
+            }
         }
         let disk_target = ExtractTarget {
             stage: "extract-disk".to_owned(),
             base: self.disk_extract.path().to_owned(),
         };
-        results.push(self.extract_stage(&local, disk_target).await?);
+        results.extend(self.extract_stage(&local, disk_target, "tar-disk").await?);
 
         let size = ImageSize {
             compressed_bytes: local.compressed_bytes(),
@@ -324,19 +333,33 @@ impl Bench {
         })
     }
 
+    /// An extract stage and its GNU tar reference (`tar_stage`), run by run.
     async fn extract_stage(
         &self,
         local: &LocalLayers,
         target: ExtractTarget,
-    ) -> Result<StageResult, BenchError> {
-        info!(stage = %target.stage, dir = %target.base.display(), "stage");
+        tar_stage: &str,
+    ) -> Result<[StageResult; 2], BenchError> {
+        info!(stage = %target.stage, reference = tar_stage, dir = %target.base.display(), "stage");
+        let reference = TarReference {
+            stage: tar_stage.to_owned(),
+            program: self
+                .options
+                .tar
+                .clone()
+                .ok_or_else(|| "no `tar` in PATH".to_owned()),
+        };
         let (local, cache, extract, runs) = (
             local.clone(),
             self.options.cache.clone(),
             self.options.extract.clone(),
             self.options.runs,
         );
-        blocking(move || stages::extract(&local, &target, &extract, runs, &cache)).await
+        let (stage, tar) = blocking(move || {
+            stages::extract_beside_tar(&local, &target, &extract, runs, &cache, Some(&reference))
+        })
+        .await?;
+        Ok([stage, tar.expect("a reference was given")])
     }
 
     async fn sweeps(&self, size: ImageSize) -> Result<Vec<SweepResult>, BenchError> {

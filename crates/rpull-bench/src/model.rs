@@ -29,7 +29,7 @@ pub struct Sample {
 #[derive(Debug, Clone, Serialize)]
 pub struct StageResult {
     /// Stable identifier: `network`, `network-ranged`, `decompress-1core`, `decompress-all`,
-    /// `extract-disk`, `extract-tmpfs`, `end-to-end`.
+    /// `extract-tmpfs`, `tar-tmpfs`, `extract-disk`, `tar-disk`, `end-to-end`.
     pub stage: String,
     /// What was measured, in words.
     pub description: String,

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use rpull::Reference;
 use rpull_bench::stages::{
-    BenchImage, CachePolicy, DecompressMode, ExtractTarget, FetchMode, decompress, extract,
-    network, prepare_local,
+    BenchImage, CachePolicy, DecompressMode, ExtractTarget, FetchMode, TarReference, decompress,
+    extract, extract_beside_tar, network, prepare_local,
 };
 use rpull_bench::{BenchError, StageResult};
 use rpull_testing::{
@@ -288,6 +288,80 @@ async fn extract_stages_write_every_entry_and_leave_nothing() {
             0,
             "the trees are deleted after each run: {}",
             base.display()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gnu_tar_runs_beside_the_extract_stage_or_says_why_not() {
+    let f = fixture().await;
+    let work = tempfile::tempdir().unwrap();
+    let local = prepare_local(&f.bench, &work.path().join("inputs"))
+        .await
+        .expect("preparing local layers");
+    let tar_bytes: u64 = f.tars.iter().map(|(tar, _)| tar.len() as u64).sum();
+    let base = work.path().join("out");
+    std::fs::create_dir_all(&base).unwrap();
+    let target = ExtractTarget {
+        stage: "extract-disk".to_owned(),
+        base: base.clone(),
+    };
+    let gnu_tar = rpull_bench::peers::find_executable("tar", &std::env::var_os("PATH").unwrap())
+        .expect("GNU tar is installed");
+    let cases = [
+        (Ok(gnu_tar), None),
+        // A tar that fails on the first layer: no figures, the command and its status instead.
+        (Ok("/bin/false".into()), Some("`/bin/false -xf ")),
+        (
+            Err("no `tar` in PATH".to_owned()),
+            Some("skipped: no `tar` in PATH"),
+        ),
+    ];
+    for (program, failure) in cases {
+        let reference = TarReference {
+            stage: "tar-disk".to_owned(),
+            program,
+        };
+        let (extracted, tar) = extract_beside_tar(
+            &local,
+            &target,
+            &rpull::ExtractOptions::for_current_user(),
+            2,
+            &warm(),
+            Some(&reference),
+        )
+        .expect("extract stage");
+        let tar = tar.expect("the reference stage");
+        assert_eq!(
+            extracted.samples.len(),
+            2,
+            "the extract stage runs whatever tar does"
+        );
+        assert_eq!(tar.stage, "tar-disk");
+        match failure {
+            None => {
+                assert_eq!(tar.samples.len(), 2);
+                assert!(tar.description.contains("GNU tar"), "{}", tar.description);
+                for sample in &tar.samples {
+                    assert_eq!(sample.files, local.entries());
+                    assert_eq!(sample.bytes_in, tar_bytes);
+                    assert!(sample.sync_seconds.is_some());
+                }
+                assert!(tar.files_per_s.is_some());
+            }
+            Some(reason) => {
+                assert!(tar.samples.is_empty() && tar.seconds.is_none(), "{tar:?}");
+                assert!(
+                    tar.notes.iter().any(|note| note.contains(reason)),
+                    "{reason}: {:?}",
+                    tar.notes
+                );
+            }
+        }
+        assert_eq!(
+            std::fs::read_dir(&base).unwrap().count(),
+            0,
+            "both trees are deleted after each run"
         );
     }
 }

@@ -1,16 +1,20 @@
-//! `extract-tmpfs` and `extract-disk`: the decoded layer tars applied the way the pipeline does it.
+//! `extract-tmpfs` and `extract-disk`: the decoded layer tars applied the way the pipeline does it;
+//! beside each, `tar-tmpfs` and `tar-disk`: GNU tar extracting the same tars into the same
+//! filesystem, run by run, as the reference for the many-small-files target.
 
 use std::collections::VecDeque;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
 
 use rpull_extract::{ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer};
 
 use super::local::READ_BUFFER;
 use super::{CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, stage_result};
-use crate::StageResult;
 use crate::error::BenchError;
-use crate::resources::{filesystem_type, syncfs};
+use crate::resources::{filesystem_type, run_measured, syncfs};
+use crate::{Sample, StageResult};
 
 /// Where an extraction stage writes.
 #[derive(Debug, Clone)]
@@ -20,6 +24,17 @@ pub struct ExtractTarget {
     /// An existing directory; each run extracts into a fresh `run-N` directory inside it and
     /// removes it afterwards.
     pub base: PathBuf,
+}
+
+/// The reference stage beside an extract stage: `tar` (GNU tar) extracting the same layer tars,
+/// one after another into one directory (as BASELINE.md measured it), into a fresh `tar-N`
+/// directory of the same base, right after each run of the extract stage.
+#[derive(Debug, Clone)]
+pub struct TarReference {
+    /// `tar-tmpfs` or `tar-disk`.
+    pub stage: String,
+    /// The `tar` program, or why there is none (the stage is then reported skipped, with it).
+    pub program: Result<PathBuf, String>,
 }
 
 /// `/dev/shm (tmpfs)`: a directory and its filesystem type, for descriptions.
@@ -42,6 +57,21 @@ pub fn extract(
     runs: usize,
     cache: &CachePolicy,
 ) -> Result<StageResult, BenchError> {
+    extract_beside_tar(layers, target, options, runs, cache, None).map(|(stage, _)| stage)
+}
+
+/// [`extract`], and with `reference` GNU tar's run of the same tars after each of its runs, so
+/// both see the same filesystem state (each run of either starts right after the previous run's
+/// tree was deleted, but the extract stage's first). A failing `tar` ends its stage with the
+/// reason in a note; it does not fail the bench.
+pub fn extract_beside_tar(
+    layers: &LocalLayers,
+    target: &ExtractTarget,
+    options: &ExtractOptions,
+    runs: usize,
+    cache: &CachePolicy,
+    reference: Option<&TarReference>,
+) -> Result<(StageResult, Option<StageResult>), BenchError> {
     check_runs(runs)?;
     let description = format!(
         "{} layer tars ({} bytes, {} entries) read from {} and applied into {}: layer 0 into the root, the others staged in \
@@ -63,6 +93,7 @@ pub fn extract(
         );
     }
     let mut samples = Vec::with_capacity(runs);
+    let mut tar = reference.map(|reference| TarRuns::new(reference, layers, target));
     for run in 0..runs {
         let dir = target.base.join(format!("run-{run}"));
         let root = dir.join("rootfs");
@@ -84,8 +115,115 @@ pub fn extract(
         sample.files = summaries.iter().map(|s| s.entries).sum();
         samples.push(sample);
         remove_tree(&dir)?;
+        if let Some(tar) = &mut tar {
+            tar.run(layers, &target.base.join(format!("tar-{run}")), cache)?;
+        }
     }
-    Ok(stage_result(&target.stage, description, samples, notes))
+    Ok((
+        stage_result(&target.stage, description, samples, notes),
+        tar.map(TarRuns::finish),
+    ))
+}
+
+/// The runs of a [`TarReference`] so far.
+struct TarRuns {
+    stage: String,
+    description: String,
+    program: Result<PathBuf, String>,
+    samples: Vec<Sample>,
+    notes: Vec<String>,
+    /// Why the stage stopped (or never started), once it did.
+    stopped: Option<String>,
+}
+
+impl TarRuns {
+    fn new(reference: &TarReference, layers: &LocalLayers, target: &ExtractTarget) -> TarRuns {
+        let version = reference.program.as_ref().ok().and_then(|program| {
+            let output = Command::new(program).arg("--version").output().ok()?;
+            let text = String::from_utf8_lossy(&output.stdout);
+            text.lines().next().map(|line| line.trim().to_owned())
+        });
+        let description = format!(
+            "reference: {} `tar -xf` of the same {} layer tars ({} bytes, {} entries), one after another into one \
+             directory of {}, each run right after the matching run of {}; the rpull-specific work (whiteouts, \
+             staging, merge) is not done; syncfs timed apart",
+            version.as_deref().unwrap_or("tar"),
+            layers.layers.len(),
+            layers.tar_bytes(),
+            layers.entries(),
+            describe_location(&target.base),
+            target.stage,
+        );
+        TarRuns {
+            stage: reference.stage.clone(),
+            description,
+            stopped: reference.program.as_ref().err().cloned(),
+            program: reference.program.clone(),
+            samples: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// One run into `dir` (created, then removed after the run, outside the timing).
+    fn run(
+        &mut self,
+        layers: &LocalLayers,
+        dir: &Path,
+        cache: &CachePolicy,
+    ) -> Result<(), BenchError> {
+        let (Ok(program), None) = (&self.program, &self.stopped) else {
+            return Ok(());
+        };
+        let root = dir.join("rootfs");
+        fs_err::create_dir_all(&root).map_err(|e| BenchError::io("creating", &root, e))?;
+        cache.before_run(&mut self.notes);
+        let started = Instant::now();
+        let mut sample = Sample::default();
+        for layer in &layers.layers {
+            let mut command = Command::new(program);
+            command.arg("-xf").arg(&layer.tar).arg("-C").arg(&root);
+            match run_measured(&mut command) {
+                Ok(run) if run.status.success() => {
+                    sample.cpu_seconds += run.sample.cpu_seconds;
+                    sample.peak_rss_bytes = sample.peak_rss_bytes.max(run.sample.peak_rss_bytes);
+                }
+                Ok(run) => {
+                    self.stopped = Some(format!(
+                        "`{} -xf {}` failed ({}): {}",
+                        program.display(),
+                        layer.tar.display(),
+                        run.status,
+                        run.stderr_tail.trim()
+                    ));
+                    break;
+                }
+                Err(error) => {
+                    self.stopped = Some(format!("running {}: {error}", program.display()));
+                    break;
+                }
+            }
+        }
+        sample.seconds = started.elapsed().as_secs_f64();
+        if self.stopped.is_none() {
+            sample.sync_seconds = Some(
+                syncfs(&root)
+                    .map_err(|e| BenchError::io("syncfs of", &root, e))?
+                    .as_secs_f64(),
+            );
+            sample.bytes_in = layers.tar_bytes();
+            sample.files = layers.entries();
+            self.samples.push(sample);
+        }
+        remove_tree(dir)
+    }
+
+    fn finish(self) -> StageResult {
+        match self.stopped {
+            // A stage that stopped part-way reports no figures: its runs are not comparable.
+            Some(reason) => super::skipped_stage(&self.stage, self.description, reason),
+            None => stage_result(&self.stage, self.description, self.samples, self.notes),
+        }
+    }
 }
 
 /// Applies the layers like `rpull::Puller` does, without the network and the decoder.

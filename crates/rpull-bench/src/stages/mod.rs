@@ -18,7 +18,7 @@ use crate::{Sample, StageResult, Summary};
 
 pub use decompress::{DecompressMode, decompress};
 pub use end_to_end::{ImageSize, PullCommand, end_to_end};
-pub use extract::{ExtractTarget, apply_layers, extract};
+pub use extract::{ExtractTarget, TarReference, apply_layers, extract, extract_beside_tar};
 pub use local::{LocalLayer, LocalLayers, prepare_local};
 pub use network::{FetchMode, RANGE_WINDOW, fetch_image, network};
 
