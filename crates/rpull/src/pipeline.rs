@@ -231,25 +231,15 @@ pub(crate) async fn pull(
 /// `syncfs` of the filesystem holding `path` (or, with `directory_only`, an `fsync` of the
 /// directory), on a thread of the pull; returns the seconds it took.
 async fn sync(threads: &Threads, path: PathBuf, directory_only: bool) -> Result<f64, PullError> {
-    threads
-        .spawner()
-        .spawn("rpull-sync", move || {
-            let started = Instant::now();
-            let result = if directory_only {
-                fsync_dir(&path)
-            } else {
-                syncfs(&path)
-            };
-            result
-                .map(|()| started.elapsed().as_secs_f64())
-                .map_err(|source| PullError::Io {
-                    action: "syncing",
-                    path,
-                    source,
-                })
-        })?
-        .await
-        .map_err(|_| threads.lost())?
+    let target = path.clone();
+    timed_sync(threads, path, move || {
+        if directory_only {
+            fsync_dir(&target)
+        } else {
+            syncfs(&target)
+        }
+    })
+    .await
 }
 
 /// The final `syncfs` of a pull, on the early write-back's descriptor (so an error it saw is not
@@ -259,12 +249,20 @@ async fn finish_writeback(
     writeback: Writeback,
     path: PathBuf,
 ) -> Result<f64, PullError> {
+    timed_sync(threads, path, move || writeback.finish()).await
+}
+
+/// Runs `work` (a sync of `path`) on a thread of the pull; returns the seconds it took.
+async fn timed_sync(
+    threads: &Threads,
+    path: PathBuf,
+    work: impl FnOnce() -> io::Result<()> + Send + 'static,
+) -> Result<f64, PullError> {
     threads
         .spawner()
         .spawn("rpull-sync", move || {
             let started = Instant::now();
-            writeback
-                .finish()
+            work()
                 .map(|()| started.elapsed().as_secs_f64())
                 .map_err(|source| PullError::Io {
                     action: "syncing",
