@@ -84,11 +84,17 @@ impl BufRead for ChannelReader {
     }
 }
 
-/// Counts the bytes read through it, and reports them to the pull's early write-back, if any.
+/// Bytes a [`CountingReader`] reads between two reports to the write-back counter, which the
+/// layers share: one atomic add per MiB rather than per read (tar reads each 512-byte header).
+const WRITEBACK_REPORT_STEP: u64 = 1 << 20;
+
+/// Counts the bytes read through it, and reports them to the pull's early write-back, if any
+/// (every [`WRITEBACK_REPORT_STEP`]: the last part of a layer is left to the final sync).
 pub(crate) struct CountingReader<R> {
     inner: R,
     count: u64,
     writeback: Option<WritebackCounter>,
+    reported: u64,
 }
 
 impl<R> CountingReader<R> {
@@ -97,6 +103,7 @@ impl<R> CountingReader<R> {
             inner,
             count: 0,
             writeback,
+            reported: 0,
         }
     }
 
@@ -109,8 +116,11 @@ impl<R: Read> Read for CountingReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.count += n as u64;
-        if let Some(writeback) = &self.writeback {
-            writeback.add(n as u64);
+        if let Some(writeback) = &self.writeback
+            && self.count - self.reported >= WRITEBACK_REPORT_STEP
+        {
+            writeback.add(self.count - self.reported);
+            self.reported = self.count;
         }
         Ok(n)
     }
