@@ -16,7 +16,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Pull an image and unpack its root filesystem into DIR.
-    Pull(PullArgs),
+    Pull(Box<PullArgs>),
     /// Measure a pull: each stage alone (network, decompress, extract), then end to end, cold;
     /// optionally peers and sweeps.
     Bench(Box<BenchArgs>),
@@ -135,6 +135,11 @@ pub struct PullArgs {
     /// Layer downloads in flight at once (each also extracts while it downloads).
     #[arg(long, default_value_t = rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS, value_parser = clap::value_parser!(usize))]
     pub max_concurrent_downloads: usize,
+    /// Layers extracted at once (the others wait, their downloads paused). Default: one per
+    /// core on a disk, where concurrent extractions contend in the file system's inode
+    /// allocator; no limit on tmpfs (measured: docs/performance.md).
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_extractions: Option<usize>,
     /// Replace DIR if it exists and is not empty.
     #[arg(long)]
     pub force: bool,

@@ -5,7 +5,7 @@ use crate::cli::Command;
 
 pub async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Pull(args) => pull::run(args).await,
+        Command::Pull(args) => pull::run(*args).await,
         Command::Bench(args) => bench::run(*args).await,
     }
 }

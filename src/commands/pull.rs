@@ -20,6 +20,10 @@ pub async fn run(args: PullArgs) -> anyhow::Result<()> {
         bail!("--max-concurrent-downloads must be at least 1");
     }
     options.max_concurrent_downloads = args.max_concurrent_downloads;
+    if args.max_concurrent_extractions == Some(0) {
+        bail!("--max-concurrent-extractions must be at least 1");
+    }
+    options.max_concurrent_extractions = args.max_concurrent_extractions;
     options.force = args.force;
     if args.no_chown {
         options.extract.chown = false;

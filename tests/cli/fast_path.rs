@@ -20,6 +20,13 @@ fn every_io_fsync_and_chunk_combination_gives_the_same_tree() {
         &["--io", "uring", "--fsync", "end"],
         &["--chunk-size", "64", "--connections-per-blob", "2"],
         &["--chunk-size", "1KiB"],
+        &["--max-concurrent-extractions", "1"],
+        &[
+            "--max-concurrent-extractions",
+            "1",
+            "--max-concurrent-downloads",
+            "1",
+        ],
     ];
     for (i, flags) in variants.iter().enumerate() {
         let dest = sandbox.join(&format!("variant-{i}"));
@@ -54,6 +61,7 @@ fn bad_fast_path_values_are_refused() {
         &["--fsync", "always"],
         &["--chunk-size", "8XB"],
         &["--connections-per-blob", "3"], // needs --chunk-size
+        &["--max-concurrent-extractions", "two"],
     ] {
         let outcome = sandbox.rpull().args(flags).pull("127.0.0.1:1/x:y", &dest);
         assert_eq!(outcome.code, Some(2), "clap refuses {flags:?}\n{outcome}");
@@ -64,6 +72,16 @@ fn bad_fast_path_values_are_refused() {
         .pull("127.0.0.1:1/x:y", &dest);
     assert!(
         outcome.error_line().contains("--connections-per-blob"),
+        "{outcome}"
+    );
+    let outcome = sandbox
+        .rpull()
+        .args(["--max-concurrent-extractions", "0"])
+        .pull("127.0.0.1:1/x:y", &dest);
+    assert!(
+        outcome
+            .error_line()
+            .contains("--max-concurrent-extractions"),
         "{outcome}"
     );
     assert!(!dest.exists());

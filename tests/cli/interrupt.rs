@@ -116,8 +116,17 @@ enum Attempt {
 }
 
 /// Pulls through the slow forwarder, sends SIGINT at the first `layer_progress`, checks cleanup.
-fn interrupt_once(sandbox: &Sandbox, reference: &str, dest: &Path, force: bool) -> Attempt {
-    let mut rpull = sandbox.rpull().args(["pull", "--json", "--plain-http"]);
+fn interrupt_once(
+    sandbox: &Sandbox,
+    reference: &str,
+    dest: &Path,
+    force: bool,
+    extra_args: &[&str],
+) -> Attempt {
+    let mut rpull = sandbox
+        .rpull()
+        .args(["pull", "--json", "--plain-http"])
+        .args(extra_args);
     if force {
         rpull = rpull.arg("--force");
     }
@@ -203,7 +212,8 @@ fn interrupt_once(sandbox: &Sandbox, reference: &str, dest: &Path, force: bool) 
     Attempt::Interrupted
 }
 
-fn interrupted_pull_leaves_nothing(force: bool) {
+/// With `extra_args`, e.g. a limit of one extraction, so the second layer waits for the big one.
+fn interrupted_pull_leaves_nothing(force: bool, extra_args: &[&str]) {
     let registry = TestRegistry::start(RegistryOptions::plain()).expect("starting docker-registry");
     let forwarder = slow_forwarder(registry.port());
     for (attempt, megabytes) in [8usize, 32, 128].into_iter().enumerate() {
@@ -230,7 +240,7 @@ fn interrupted_pull_leaves_nothing(force: bool) {
             sandbox.write("rootfs/keep", "old tree\n");
         }
         let reference = format!("127.0.0.1:{forwarder}/{tag}");
-        match interrupt_once(&sandbox, &reference, &dest, force) {
+        match interrupt_once(&sandbox, &reference, &dest, force, extra_args) {
             Attempt::Interrupted => {
                 if force {
                     let kept = std::fs::read_to_string(dest.join("keep"))
@@ -256,10 +266,17 @@ fn interrupted_pull_leaves_nothing(force: bool) {
 
 #[test]
 fn ctrl_c_removes_staging_and_creates_nothing() {
-    interrupted_pull_leaves_nothing(false);
+    interrupted_pull_leaves_nothing(false, &[]);
+}
+
+#[test]
+fn ctrl_c_reaches_a_layer_waiting_for_an_extraction_slot() {
+    // One extraction slot: the layer holding it and the one waiting for it both end on Ctrl-C
+    // (a slot held by a cancelled layer is given back, so nothing waits for ever).
+    interrupted_pull_leaves_nothing(false, &["--max-concurrent-extractions", "1"]);
 }
 
 #[test]
 fn ctrl_c_with_force_leaves_the_old_tree() {
-    interrupted_pull_leaves_nothing(true);
+    interrupted_pull_leaves_nothing(true, &[]);
 }

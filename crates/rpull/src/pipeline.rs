@@ -99,6 +99,11 @@ pub(crate) async fn pull(
     let mut tasks = JoinSet::new();
 
     let semaphore = Arc::new(Semaphore::new(options.max_concurrent_downloads));
+    // Layers extracted at once: on a disk, concurrent extractions contend in the file
+    // system's inode allocator (docs/performance.md).
+    let extraction_slots = options
+        .extraction_slots_for(&staging.rootfs())
+        .map(|slots| Arc::new(Semaphore::new(slots)));
     // The biggest layer is the pipeline's critical path: the others run their decode and extract
     // threads at a lower priority, filling the cores around it instead of taking turns with it.
     let critical = critical_layer(&image.layers.iter().map(|l| l.size).collect::<Vec<_>>());
@@ -123,6 +128,7 @@ pub(crate) async fn pull(
                 puller.clone(),
                 image.reference.clone(),
                 semaphore.clone(),
+                extraction_slots.clone(),
                 threads.spawner(),
             )
             .instrument(span),
@@ -343,6 +349,7 @@ async fn layer_task(
     puller: Puller,
     repository: Reference,
     semaphore: Arc<Semaphore>,
+    extraction_slots: Option<Arc<Semaphore>>,
     threads: ThreadSpawner,
 ) -> Result<LayerOutcome, PullError> {
     let digest = job.descriptor.digest.clone();
@@ -371,7 +378,14 @@ async fn layer_task(
                 // Inherited by the decode and write threads this one starts.
                 run_in_background();
             }
-            extract_worker(rx, codec, &target, &options, writeback, cancel, runtime)
+            let layer = Layer {
+                codec,
+                target: &target,
+                options: &options,
+                writeback,
+                slots: extraction_slots,
+            };
+            extract_worker(rx, layer, cancel, runtime)
         })?
     };
     let download = download(&puller, &repository, &job, tx).await;
@@ -561,19 +575,47 @@ enum WorkerError {
     Extract(rpull_extract::ExtractError),
 }
 
+/// What one layer's extraction thread works with.
+struct Layer<'a> {
+    codec: Codec,
+    target: &'a Path,
+    options: &'a ExtractOptions,
+    /// Where the extracted bytes are counted for the early write-back, if any.
+    writeback: Option<WritebackCounter>,
+    /// The pull's extraction slots, if extractions are limited.
+    slots: Option<Arc<Semaphore>>,
+}
+
 /// Runs on the layer's own thread: decode the stream (on a second, scoped thread, so decoding
-/// and extraction overlap) and extract it into `target`. On failure the blob is still read to
-/// its end, so the digest check (which explains most failures of a corrupted stream) gets to run.
+/// and extraction overlap) and extract it into `target`, once it has an extraction slot. On
+/// failure the blob is still read to its end, so the digest check (which explains most failures
+/// of a corrupted stream) gets to run.
 fn extract_worker(
     rx: mpsc::Receiver<Bytes>,
-    codec: Codec,
-    target: &Path,
-    options: &ExtractOptions,
-    writeback: Option<WritebackCounter>,
+    layer: Layer<'_>,
     cancel: CancellationToken,
     runtime: Handle,
 ) -> Result<Extracted, WorkerError> {
+    let Layer {
+        codec,
+        target,
+        options,
+        writeback,
+        slots,
+    } = layer;
     let started = Instant::now();
+    // Held until this layer is extracted; waiting for it ends when the pull is cancelled.
+    let _slot = match slots {
+        Some(slots) => Some(runtime.block_on(async {
+            tokio::select! {
+                biased;
+                // As the channel reader reports it: the pull's own error is `Cancelled`.
+                _ = cancel.cancelled() => Err(WorkerError::Decompress(io::Error::other("pull cancelled"))),
+                permit = slots.acquire_owned() => Ok(permit.expect("the slots are never closed")),
+            }
+        })?),
+        None => None,
+    };
     let mut reader = ChannelReader::new(rx, cancel, runtime);
     let (sender, decoded) = decoded_channel();
     std::thread::scope(|scope| {
