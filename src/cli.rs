@@ -135,9 +135,9 @@ pub struct PullArgs {
     /// Layer downloads in flight at once (each also extracts while it downloads).
     #[arg(long, default_value_t = rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS, value_parser = clap::value_parser!(usize))]
     pub max_concurrent_downloads: usize,
-    /// Layers extracted at once (the others wait, their downloads paused). Default: one per
-    /// core on a disk, where concurrent extractions contend in the file system's inode
-    /// allocator; no limit on tmpfs (measured: docs/performance.md).
+    /// Layers extracted at once; the others wait, their downloads paused. Default: no limit.
+    /// One per core measured faster into ext4 right after a large delete, but not in every run
+    /// (docs/performance.md).
     #[arg(long, value_name = "N")]
     pub max_concurrent_extractions: Option<usize>,
     /// Replace DIR if it exists and is not empty.

@@ -76,7 +76,7 @@ impl FromStr for FsyncPolicy {
 }
 
 /// tmpfs and ramfs keep everything in memory: there is nothing to write back.
-pub(crate) fn is_memory_filesystem(path: &Path) -> bool {
+fn is_memory_filesystem(path: &Path) -> bool {
     const TMPFS_MAGIC: u64 = 0x0102_1994;
     const RAMFS_MAGIC: u64 = 0x8584_58f6;
     match rustix::fs::statfs(path) {

@@ -25,10 +25,10 @@ pub struct PullOptions {
     pub chunk_size: Option<u64>,
     /// Connections per blob for ranged downloads.
     pub connections_per_blob: usize,
-    /// How many layers are extracted at once; the others wait, their downloads held by their
-    /// bounded buffers. `None`: one per core on file systems other than tmpfs (concurrent
-    /// extractions contend in the disk file system's inode allocator), no limit on tmpfs
-    /// (see [`PullOptions::extraction_slots_for`]).
+    /// How many layers are extracted at once (at least 1); the others wait before they decode,
+    /// their downloads held by their bounded buffers. `None` (the default): no limit. A limit
+    /// of one per core measured faster into ext4 right after a large delete, where concurrent
+    /// extractions contend in its inode allocator, but not in every run (docs/performance.md).
     pub max_concurrent_extractions: Option<usize>,
 }
 
@@ -52,50 +52,5 @@ impl Default for PullOptions {
             connections_per_blob: DEFAULT_CONNECTIONS_PER_BLOB,
             max_concurrent_extractions: None,
         }
-    }
-}
-
-impl PullOptions {
-    /// The limit on concurrent layer extractions into `target`: `max_concurrent_extractions`
-    /// when set, else none on tmpfs and one per core elsewhere. `None` means no limit.
-    pub fn extraction_slots_for(&self, target: &std::path::Path) -> Option<usize> {
-        if let Some(slots) = self.max_concurrent_extractions {
-            return Some(slots.max(1));
-        }
-        if crate::durability::is_memory_filesystem(target) {
-            None
-        } else {
-            Some(std::thread::available_parallelism().map_or(1, |cores| cores.get()))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn extractions_are_limited_to_the_cores_on_disk_only() {
-        let options = PullOptions::default();
-        let disk = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let cores = std::thread::available_parallelism().unwrap().get();
-        if !crate::durability::is_memory_filesystem(disk.path()) {
-            assert_eq!(options.extraction_slots_for(disk.path()), Some(cores));
-        }
-        let shm = std::path::Path::new("/dev/shm");
-        if shm.is_dir() && crate::durability::is_memory_filesystem(shm) {
-            assert_eq!(options.extraction_slots_for(shm), None);
-        }
-        let set = PullOptions {
-            max_concurrent_extractions: Some(3),
-            ..PullOptions::default()
-        };
-        assert_eq!(set.extraction_slots_for(shm), Some(3));
-        assert_eq!(set.extraction_slots_for(disk.path()), Some(3));
-        let zero = PullOptions {
-            max_concurrent_extractions: Some(0),
-            ..PullOptions::default()
-        };
-        assert_eq!(zero.extraction_slots_for(disk.path()), Some(1));
     }
 }

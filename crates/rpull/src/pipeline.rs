@@ -99,11 +99,10 @@ pub(crate) async fn pull(
     let mut tasks = JoinSet::new();
 
     let semaphore = Arc::new(Semaphore::new(options.max_concurrent_downloads));
-    // Layers extracted at once: on a disk, concurrent extractions contend in the file
-    // system's inode allocator (docs/performance.md).
+    // Layers extracted at once, when limited (`max_concurrent_extractions`).
     let extraction_slots = options
-        .extraction_slots_for(&staging.rootfs())
-        .map(|slots| Arc::new(Semaphore::new(slots)));
+        .max_concurrent_extractions
+        .map(|slots| Arc::new(Semaphore::new(slots.max(1))));
     // The biggest layer is the pipeline's critical path: the others run their decode and extract
     // threads at a lower priority, filling the cores around it instead of taking turns with it.
     let critical = critical_layer(&image.layers.iter().map(|l| l.size).collect::<Vec<_>>());

@@ -75,13 +75,12 @@ pub fn extract_beside_tar(
     check_runs(runs)?;
     let description = format!(
         "{} layer tars ({} bytes, {} entries) read from {} and applied into {}: layer 0 into the root, the others staged in \
-         parallel (at most {} at once, as a pull there) and merged in order, then finalized (chown {}); syncfs timed apart",
+         parallel and merged in order, then finalized (chown {}); syncfs timed apart",
         layers.layers.len(),
         layers.tar_bytes(),
         layers.entries(),
         describe_location(&layers.dir),
         describe_location(&target.base),
-        extraction_window(&target.base),
         if options.chown { "on" } else { "off" },
     );
     let mut notes = Vec::new();
@@ -227,15 +226,14 @@ impl TarRuns {
     }
 }
 
-/// Applies the layers like `rpull::Puller` does by default, without the network and the
-/// decoder: as many at once as the pull would extract into `root`'s file system.
+/// Applies the layers like `rpull::Puller` does, without the network and the decoder.
 pub fn apply_layers(
     layers: &[LocalLayer],
     root: &Path,
     staging: &Path,
     options: &ExtractOptions,
 ) -> Result<Vec<LayerSummary>, BenchError> {
-    let window = extraction_window(root);
+    let window = rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS.max(1);
     std::thread::scope(|scope| {
         let mut running = VecDeque::new();
         let mut next = 0;
@@ -297,15 +295,6 @@ pub fn apply_layers(
         })?;
         Ok(summaries)
     })
-}
-
-/// Layers applied at once into `root`: the pull's default limit there, and at most as many as
-/// the pull downloads at once.
-pub(crate) fn extraction_window(root: &Path) -> usize {
-    rpull::PullOptions::default()
-        .extraction_slots_for(root)
-        .unwrap_or(usize::MAX)
-        .clamp(1, rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS.max(1))
 }
 
 /// Removes a tree that may contain read-only directories (as a non-root extraction leaves them).
