@@ -6,8 +6,8 @@ use std::path::Path;
 
 use rpull::Reference;
 use rpull_bench::stages::{
-    BenchImage, CachePolicy, DecompressMode, ExtractTarget, FetchMode, TarReference, decompress,
-    extract, extract_beside_tar, network, prepare_local,
+    BenchImage, CachePolicy, DecompressMode, ExtractTarget, FetchMode, LocalLayers, TarReference,
+    decompress, extract, extract_beside_tar, network, prepare_local,
 };
 use rpull_bench::{BenchError, StageResult};
 use rpull_testing::{
@@ -76,6 +76,20 @@ struct Fixture {
     image: Image,
     tars: Vec<(Vec<u8>, Compression)>,
     bench: BenchImage,
+}
+
+impl Fixture {
+    /// The layers downloaded and decoded into `dir`, as the bench does before its local stages.
+    async fn local(&self, dir: &Path) -> LocalLayers {
+        prepare_local(&self.bench, dir)
+            .await
+            .expect("preparing local layers")
+    }
+
+    /// Sum of the layer tars' sizes.
+    fn tar_bytes(&self) -> u64 {
+        self.tars.iter().map(|(tar, _)| tar.len() as u64).sum()
+    }
 }
 
 async fn fixture() -> Fixture {
@@ -186,10 +200,8 @@ fn error_chain(error: &BenchError) -> String {
 async fn decompress_stages_produce_every_tar_byte() {
     let f = fixture().await;
     let work = tempfile::tempdir().unwrap();
-    let local = prepare_local(&f.bench, work.path())
-        .await
-        .expect("preparing local layers");
-    let tar_bytes: u64 = f.tars.iter().map(|(tar, _)| tar.len() as u64).sum();
+    let local = f.local(work.path()).await;
+    let tar_bytes = f.tar_bytes();
     let compressed: u64 = f.image.layers.iter().map(|l| l.size).sum();
     assert_eq!(local.tar_bytes(), tar_bytes);
     assert_eq!(local.compressed_bytes(), compressed);
@@ -246,12 +258,10 @@ async fn decompress_stages_produce_every_tar_byte() {
 async fn extract_stages_write_every_entry_and_leave_nothing() {
     let f = fixture().await;
     let work = tempfile::tempdir().unwrap();
-    let local = prepare_local(&f.bench, &work.path().join("inputs"))
-        .await
-        .expect("preparing local layers");
+    let local = f.local(&work.path().join("inputs")).await;
     let entries: u64 = f.tars.iter().map(|(tar, _)| count_entries(tar)).sum();
     assert_eq!(local.entries(), entries);
-    let tar_bytes: u64 = f.tars.iter().map(|(tar, _)| tar.len() as u64).sum();
+    let tar_bytes = f.tar_bytes();
 
     let tmpfs = tempfile::tempdir_in("/dev/shm").unwrap();
     for (stage, base) in [
@@ -296,10 +306,8 @@ async fn extract_stages_write_every_entry_and_leave_nothing() {
 async fn gnu_tar_runs_beside_the_extract_stage_or_says_why_not() {
     let f = fixture().await;
     let work = tempfile::tempdir().unwrap();
-    let local = prepare_local(&f.bench, &work.path().join("inputs"))
-        .await
-        .expect("preparing local layers");
-    let tar_bytes: u64 = f.tars.iter().map(|(tar, _)| tar.len() as u64).sum();
+    let local = f.local(&work.path().join("inputs")).await;
+    let tar_bytes = f.tar_bytes();
     let base = work.path().join("out");
     std::fs::create_dir_all(&base).unwrap();
     let target = ExtractTarget {
@@ -371,9 +379,7 @@ async fn extraction_applies_whiteouts_and_links_like_a_pull() {
     // The stage applies layers the way the pipeline does; compare one run's tree with a pull.
     let f = fixture().await;
     let work = tempfile::tempdir().unwrap();
-    let local = prepare_local(&f.bench, &work.path().join("inputs"))
-        .await
-        .unwrap();
+    let local = f.local(&work.path().join("inputs")).await;
     let root = work.path().join("applied/rootfs");
     let staging = work.path().join("applied/layers");
     std::fs::create_dir_all(&root).unwrap();
