@@ -129,7 +129,8 @@ pub fn extract_beside_tar(
 struct TarRuns {
     stage: String,
     description: String,
-    program: Result<PathBuf, String>,
+    /// `None` when there is none; `stopped` then says why.
+    program: Option<PathBuf>,
     samples: Vec<Sample>,
     notes: Vec<String>,
     /// Why the stage stopped (or never started), once it did.
@@ -158,7 +159,7 @@ impl TarRuns {
             stage: reference.stage.clone(),
             description,
             stopped: reference.program.as_ref().err().cloned(),
-            program: reference.program.clone(),
+            program: reference.program.clone().ok(),
             samples: Vec::new(),
             notes: Vec::new(),
         }
@@ -171,7 +172,7 @@ impl TarRuns {
         dir: &Path,
         cache: &CachePolicy,
     ) -> Result<(), BenchError> {
-        let (Ok(program), None) = (&self.program, &self.stopped) else {
+        let (Some(program), None) = (&self.program, &self.stopped) else {
             return Ok(());
         };
         let root = dir.join("rootfs");
