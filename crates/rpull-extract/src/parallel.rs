@@ -32,7 +32,7 @@
 use std::collections::HashSet;
 use std::ffi::CStr;
 use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,13 +79,67 @@ struct Job {
 #[derive(Default)]
 struct Batch {
     jobs: Vec<Job>,
-    data: Vec<u8>,
+    data: Arena,
     names: Vec<u8>,
 }
 
 impl Batch {
     fn is_full(&self) -> bool {
         self.jobs.len() >= BATCH_FILES || self.data.len() >= BATCH_BYTES
+    }
+}
+
+/// The file data of a batch: `bytes[..len]`. The bytes past `len` are initialized leftovers of
+/// earlier batches (batches are recycled), which the next files overwrite in place: unlike
+/// `read_to_end` into a cleared `Vec`, nothing is zeroed again before it is read into.
+#[derive(Default)]
+struct Arena {
+    bytes: Vec<u8>,
+    len: usize,
+}
+
+impl Arena {
+    /// The smallest allocation, and the step it starts doubling from.
+    const MIN_GROWTH: usize = 64 * 1024;
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn get(&self, (start, end): (usize, usize)) -> &[u8] {
+        &self.bytes[start..end]
+    }
+
+    /// Appends up to `limit` bytes of `data` (stopping at its end); returns how many. On an
+    /// error nothing is appended.
+    fn read_at_most(&mut self, data: &mut dyn Read, limit: usize) -> io::Result<usize> {
+        let start = self.len;
+        while self.len - start < limit {
+            if self.len == self.bytes.len() {
+                // Zeroed once, when the arena grows; reused as it is afterwards.
+                let grown = (self.bytes.len() * 2).max(Self::MIN_GROWTH);
+                self.bytes.resize(grown, 0);
+            }
+            let end = self.bytes.len().min(start + limit);
+            match data.read(&mut self.bytes[self.len..end]) {
+                Ok(0) => break,
+                Ok(read) => self.len += read,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => {
+                    self.len = start;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(self.len - start)
     }
 }
 
@@ -140,10 +194,10 @@ pub struct ParallelBackend {
     inline: StdBackend,
     /// Hashes of the (directory, name) keys handed to workers since the last flush. A collision
     /// only costs an unneeded flush.
-    pending: HashSet<u64>,
+    pending: KeySet,
     /// Hashes of the keys this layer made a directory or a symlink, never removed. A collision
     /// only sends a file to the extracting thread.
-    made: HashSet<u64>,
+    made: KeySet,
     /// The last parent seen and its (device, inode), to stat each directory once per run of files.
     last_parent: Option<(Arc<OwnedFd>, (u64, u64))>,
     /// Recycled batch buffers.
@@ -159,6 +213,31 @@ impl fmt::Debug for ParallelBackend {
             .field("threads", &self.workers.len())
             .field("pending", &self.pending.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// A set of [`key_hash`] values. They are SipHash already, so the set uses them as they are
+/// instead of hashing them a second time.
+type KeySet = HashSet<u64, BuildHasherDefault<KeyHasher>>;
+
+/// The [`Hasher`] of [`KeySet`]: the `u64` written is the hash.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are hashed here; anything else still gets a usable (FNV-1a) hash.
+        for byte in bytes {
+            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
     }
 }
 
@@ -195,8 +274,8 @@ impl ParallelBackend {
             workers,
             shared,
             inline: StdBackend::new(chown),
-            pending: HashSet::default(),
-            made: HashSet::default(),
+            pending: KeySet::default(),
+            made: KeySet::default(),
             last_parent: None,
             spare,
             replaced: false,
@@ -340,14 +419,15 @@ impl ParallelBackend {
     ) -> Result<Option<u64>, ExtractError> {
         let batch = &mut self.workers[index].batch;
         let start = batch.data.len();
-        let read = read_at_most(&mut batch.data, data, MAX_QUEUED_FILE as usize + 1).map_err(
-            |source| ExtractError::Tar {
+        let read = batch
+            .data
+            .read_at_most(data, MAX_QUEUED_FILE as usize + 1)
+            .map_err(|source| ExtractError::Tar {
                 entry: entry_path(file.entry),
                 source,
-            },
-        )?;
+            })?;
         if read > MAX_QUEUED_FILE as usize {
-            spill.extend_from_slice(&batch.data[start..]);
+            spill.extend_from_slice(batch.data.get((start, batch.data.len())));
             batch.data.truncate(start);
             return Ok(None);
         }
@@ -379,14 +459,6 @@ fn poisoned() -> ExtractError {
         "writing files",
         io::Error::other("an earlier write failed"),
     )
-}
-
-/// Appends up to `limit` bytes of `data` to `buffer` (stopping at the end of `data`); returns how
-/// many.
-fn read_at_most(buffer: &mut Vec<u8>, data: &mut dyn Read, limit: usize) -> io::Result<usize> {
-    let start = buffer.len();
-    Read::take(data, limit as u64).read_to_end(buffer)?;
-    Ok(buffer.len() - start)
 }
 
 impl IoBackend for ParallelBackend {
@@ -539,7 +611,7 @@ fn write_job(batch: &Batch, job: &Job, xattrs: &mut XattrPolicy) -> Result<(), E
         other => other,
     }
     .map_err(|errno| io_error(entry, "creating file", errno))?;
-    write_all(fd.as_fd(), &batch.data[job.data.0..job.data.1])
+    write_all(fd.as_fd(), batch.data.get(job.data))
         .map_err(|errno| io_error(entry, "writing", errno))?;
     let metadata = FileMetadata {
         mode: job.mode,
