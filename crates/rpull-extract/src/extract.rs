@@ -13,6 +13,7 @@ use tracing::{debug, instrument, warn};
 
 use crate::backend::{FileMetadata, IoBackend, NewFile, new_backend};
 use crate::error::{ExtractError, entry_path, escape, invalid, io_error};
+use crate::forward::ForwardSeek;
 use crate::metadata::{Creation, EntryMetadata, XattrPolicy, apply_nofollow};
 use crate::name::{normalize, split_parent};
 use crate::options::ExtractOptions;
@@ -69,11 +70,14 @@ pub(crate) fn extract_with(
         deferred: HashSet::new(),
         warned_special: false,
     };
-    let mut archive = tar::Archive::new(tar);
-    let entries = archive.entries().map_err(|source| ExtractError::Tar {
-        entry: Default::default(),
-        source,
-    })?;
+    // Skips between entries go through `ForwardSeek` (see there for why).
+    let mut archive = tar::Archive::new(ForwardSeek::new(tar));
+    let entries = archive
+        .entries_with_seek()
+        .map_err(|source| ExtractError::Tar {
+            entry: Default::default(),
+            source,
+        })?;
     let walked = entries.into_iter().try_for_each(|entry| {
         let mut entry = entry.map_err(|source| ExtractError::Tar {
             entry: entry_path(&extractor.path),

@@ -9,6 +9,7 @@ mod backend;
 mod error;
 mod extract;
 mod finalize;
+mod forward;
 mod merge;
 mod metadata;
 mod name;
