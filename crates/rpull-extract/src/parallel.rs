@@ -99,8 +99,9 @@ struct Arena {
 }
 
 impl Arena {
-    /// The smallest allocation, and the step it starts doubling from.
-    const MIN_GROWTH: usize = 64 * 1024;
+    /// How much the arena grows (and zeroes) at a time: a step, not a doubling, so that only
+    /// bytes about to be read into are touched and the resident size follows the data.
+    const GROWTH: usize = 64 * 1024;
 
     fn len(&self) -> usize {
         self.len
@@ -124,9 +125,9 @@ impl Arena {
         let start = self.len;
         while self.len - start < limit {
             if self.len == self.bytes.len() {
-                // Zeroed once, when the arena grows; reused as it is afterwards.
-                let grown = (self.bytes.len() * 2).max(Self::MIN_GROWTH);
-                self.bytes.resize(grown, 0);
+                // Zeroed once, when the arena grows; reused as it is afterwards. (`resize` still
+                // doubles the capacity, so growing by steps copies no more than doubling would.)
+                self.bytes.resize(self.bytes.len() + Self::GROWTH, 0);
             }
             let end = self.bytes.len().min(start + limit);
             match data.read(&mut self.bytes[self.len..end]) {
