@@ -630,6 +630,65 @@ mod tests {
 
     use super::*;
 
+    /// Yields `data`, then fails.
+    struct FailingAfter<'a>(&'a [u8]);
+
+    impl Read for FailingAfter<'_> {
+        fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+            if self.0.is_empty() {
+                return Err(io::Error::other("broken stream"));
+            }
+            let count = buffer.len().min(self.0.len());
+            buffer[..count].copy_from_slice(&self.0[..count]);
+            self.0 = &self.0[count..];
+            Ok(count)
+        }
+    }
+
+    #[test]
+    fn the_arena_appends_across_growth_steps_and_stops_at_the_limit() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let mut arena = Arena::default();
+        arena.read_at_most(&mut Cursor::new(b"abc"), 10).unwrap();
+        let read = arena
+            .read_at_most(&mut Cursor::new(&data[..]), 300_000)
+            .unwrap();
+        assert_eq!(read, data.len());
+        assert_eq!(arena.get((0, 3)), b"abc");
+        assert_eq!(arena.get((3, arena.len())), &data[..]);
+
+        // A stream longer than the limit: exactly `limit` bytes, the rest left in the stream.
+        let mut long = Cursor::new(&data[..]);
+        let before = arena.len();
+        assert_eq!(arena.read_at_most(&mut long, 70_001).unwrap(), 70_001);
+        assert_eq!(arena.get((before, arena.len())), &data[..70_001]);
+        assert_eq!(long.position(), 70_001);
+    }
+
+    #[test]
+    fn a_cleared_arena_is_reused_without_growing_and_an_error_appends_nothing() {
+        let mut arena = Arena::default();
+        arena
+            .read_at_most(&mut Cursor::new(vec![1u8; 100_000]), 200_000)
+            .unwrap();
+        let allocated = arena.bytes.len();
+        arena.clear();
+        assert_eq!(
+            arena
+                .read_at_most(&mut Cursor::new(vec![2u8; 50_000]), 200_000)
+                .unwrap(),
+            50_000
+        );
+        assert_eq!(arena.bytes.len(), allocated);
+        assert!(arena.get((0, arena.len())).iter().all(|&byte| byte == 2));
+
+        let error = arena
+            .read_at_most(&mut FailingAfter(&[3u8; 1000]), 200_000)
+            .unwrap_err();
+        assert_eq!(error.to_string(), "broken stream");
+        assert_eq!(arena.len(), 50_000);
+    }
+
     fn open_dir(path: &Path) -> Arc<OwnedFd> {
         Arc::new(
             rustix::fs::open(
