@@ -231,7 +231,7 @@ impl Hasher for KeyHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // Only `u64`s are hashed here; anything else still gets a usable (FNV-1a) hash.
+        // Only `u64`s are hashed here; anything else still gets a usable (FNV-style) hash.
         for byte in bytes {
             self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3);
         }
