@@ -1,5 +1,6 @@
 //! The `rpull` command line.
 
+mod allocator;
 mod cli;
 mod commands;
 mod logging;
@@ -10,6 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    allocator::tune();
     let cli = cli::Cli::parse();
     logging::init(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
