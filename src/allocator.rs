@@ -45,9 +45,11 @@ pub fn tune() -> bool {
 mod tests {
     /// Minor page faults of the calling thread so far.
     fn thread_minor_faults() -> i64 {
-        // SAFETY: getrusage fills the struct it is given.
+        // SAFETY: rusage is plain integers, for which all zeroes is a valid value.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) }, 0);
+        // SAFETY: getrusage only writes into the struct it is given.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+        assert_eq!(rc, 0, "getrusage(RUSAGE_THREAD)");
         usage.ru_minflt
     }
 
@@ -75,6 +77,9 @@ mod tests {
         // With glibc's defaults each round gives its 3.2 MiB back and faults about 800 pages
         // in again; with the thresholds set, the rounds after the first reuse the same pages.
         let faults = faults_after_the_first_round(20);
-        assert!(faults < 200, "{faults} page faults in 19 rounds of reused buffers");
+        assert!(
+            faults < 200,
+            "{faults} page faults in 19 rounds of reused buffers"
+        );
     }
 }
