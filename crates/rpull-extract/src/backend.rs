@@ -159,15 +159,53 @@ pub(crate) mod syscall {
     use std::ffi::CStr;
     use std::os::fd::BorrowedFd;
 
+    use std::cell::RefCell;
+
     use rustix::fs::{AtFlags, Mode, RenameFlags};
     use rustix::io::Errno;
 
+    use crate::options::CreateGate;
+
+    thread_local! {
+        /// The gate of the extraction running on this thread ([`GateScope`]).
+        static GATE: RefCell<Option<CreateGate>> = const { RefCell::new(None) };
+    }
+
+    /// While alive, this thread's inode-creating calls hold `gate` (when there is one).
+    pub(crate) struct GateScope(Option<CreateGate>);
+
+    impl GateScope {
+        pub(crate) fn enter(gate: Option<CreateGate>) -> GateScope {
+            GateScope(GATE.with(|current| current.replace(gate)))
+        }
+    }
+
+    impl Drop for GateScope {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            GATE.with(|current| *current.borrow_mut() = outer);
+        }
+    }
+
+    /// The gate of the extraction running on this thread, if any.
+    pub(crate) fn current_gate() -> Option<CreateGate> {
+        GATE.with(|current| current.borrow().clone())
+    }
+
+    /// Runs `create`, holding this thread's gate if it has one.
+    pub(crate) fn gated<T>(create: impl FnOnce() -> T) -> T {
+        match current_gate() {
+            Some(gate) => gate.hold(create),
+            None => create(),
+        }
+    }
+
     pub(crate) fn mkdir(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> Result<(), Errno> {
-        rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(mode))
+        gated(|| rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(mode)))
     }
 
     pub(crate) fn symlink(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
-        rustix::fs::symlinkat(target, dir, name)
+        gated(|| rustix::fs::symlinkat(target, dir, name))
     }
 
     pub(crate) fn link(
@@ -269,7 +307,9 @@ pub(crate) fn create_replacing(
     name: &CStr,
     mode: u32,
 ) -> Result<(OwnedFd, bool), Errno> {
-    let create = || rustix::fs::openat(parent, name, CREATE_FLAGS, Mode::from_raw_mode(mode));
+    let create = || {
+        syscall::gated(|| rustix::fs::openat(parent, name, CREATE_FLAGS, Mode::from_raw_mode(mode)))
+    };
     match create() {
         Err(Errno::EXIST) => {
             debug!(name = ?name, "replacing an earlier entry of the same layer");

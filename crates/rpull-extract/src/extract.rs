@@ -38,6 +38,8 @@ pub fn extract_layer(
     target: &Path,
     options: &ExtractOptions,
 ) -> Result<LayerSummary, ExtractError> {
+    // Entered before the backend is made: its write threads take the gate with them.
+    let _gate = crate::backend::syscall::GateScope::enter(options.create_gate.clone());
     let mut backend = new_backend(
         options.backend,
         options.chown,
@@ -54,6 +56,7 @@ pub(crate) fn extract_with(
     options: &ExtractOptions,
     backend: &mut dyn IoBackend,
 ) -> Result<LayerSummary, ExtractError> {
+    let _gate = crate::backend::syscall::GateScope::enter(options.create_gate.clone());
     let tree = Tree::open(target)?;
     let creation = Creation::probe(target, tree.root());
     let mut extractor = Extractor {

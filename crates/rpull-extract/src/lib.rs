@@ -25,7 +25,7 @@ pub use error::ExtractError;
 pub use extract::extract_layer;
 pub use finalize::finalize_tree;
 pub use merge::merge_layer;
-pub use options::{ExtractOptions, IoBackendKind};
+pub use options::{CreateGate, ExtractOptions, IoBackendKind};
 pub use parallel::ParallelBackend;
 pub use summary::{
     DeferredHardlink, DirectoryMetadata, LayerSummary, MergeStats, Timestamp, Xattr,

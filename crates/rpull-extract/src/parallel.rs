@@ -253,8 +253,11 @@ fn key_hash(directory: (u64, u64), name: &[u8]) -> u64 {
 }
 
 impl ParallelBackend {
-    /// A backend with `threads` workers (at least 1). `chown` as for [`StdBackend::new`].
+    /// A backend with `threads` workers (at least 1). `chown` as for [`StdBackend::new`]. The
+    /// workers create files under the [`CreateGate`](crate::CreateGate) of the extraction that
+    /// makes the backend, if it has one.
     pub fn new(threads: usize, chown: bool) -> io::Result<Self> {
+        let gate = syscall::current_gate();
         let shared = Arc::new(Shared::default());
         let (recycle, spare) = sync_channel(threads.max(1) * (QUEUED_BATCHES + 2));
         let mut workers = Vec::new();
@@ -262,9 +265,13 @@ impl ParallelBackend {
             let (sender, receiver) = sync_channel(QUEUED_BATCHES);
             let shared = Arc::clone(&shared);
             let recycle = recycle.clone();
+            let gate = gate.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("rpull-write-{index}"))
-                .spawn(move || work(receiver, &shared, &recycle, chown))?;
+                .spawn(move || {
+                    let _gate = syscall::GateScope::enter(gate);
+                    work(receiver, &shared, &recycle, chown)
+                })?;
             workers.push(Worker {
                 sender: Some(sender),
                 batch: Batch::default(),
@@ -599,7 +606,8 @@ fn write_job(batch: &Batch, job: &Job, xattrs: &mut XattrPolicy) -> Result<(), E
         .map_err(|_| io_error(entry, "creating file", Errno::INVAL))?;
     let parent = job.parent.as_fd();
     let mode = Mode::from_raw_mode(job.create_mode);
-    let fd = match rustix::fs::openat(parent, name, CREATE_FLAGS, mode) {
+    let create = || syscall::gated(|| rustix::fs::openat(parent, name, CREATE_FLAGS, mode));
+    let fd = match create() {
         Err(Errno::EXIST) => {
             // An earlier entry of the same name (a regular file queued here before, or a
             // non-directory of this layer): replaced, as a later tar entry replaces an earlier
@@ -607,7 +615,7 @@ fn write_job(batch: &Batch, job: &Job, xattrs: &mut XattrPolicy) -> Result<(), E
             debug!(entry = %String::from_utf8_lossy(entry), "replacing an earlier entry of the same layer");
             syscall::unlink(parent, name, false)
                 .map_err(|errno| io_error(entry, "removing the earlier entry at", errno))?;
-            rustix::fs::openat(parent, name, CREATE_FLAGS, mode)
+            create()
         }
         other => other,
     }

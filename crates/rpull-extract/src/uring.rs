@@ -532,7 +532,7 @@ impl IoBackend for UringBackend {
             .mode(mode)
             .build();
         // SAFETY: `dir` and `name` are borrowed until this call returns.
-        unsafe { self.run(entry) }
+        syscall::gated(|| unsafe { self.run(entry) })
     }
 
     fn symlink(&mut self, target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
@@ -543,7 +543,7 @@ impl IoBackend for UringBackend {
             opcode::SymlinkAt::new(types::Fd(dir.as_raw_fd()), target.as_ptr(), name.as_ptr())
                 .build();
         // SAFETY: `target`, `dir` and `name` are borrowed until this call returns.
-        unsafe { self.run(entry) }
+        syscall::gated(|| unsafe { self.run(entry) })
     }
 
     fn link(

@@ -21,6 +21,7 @@ backend_tests!(
     hardlink_to_a_file_of_an_earlier_layer_is_deferred,
     a_later_entry_cancels_a_deferred_hardlink,
     root_directory_entry_metadata,
+    a_held_create_gate_holds_back_files_directories_and_symlinks,
 );
 
 use std::fs;
@@ -642,4 +643,39 @@ fn root_directory_entry_metadata() {
         matches!(error, Err(rpull_extract::ExtractError::Invalid { .. })),
         "{error:?}"
     );
+}
+
+/// Each kind of entry waits for a gate held elsewhere, and is made once it is let go.
+fn a_held_create_gate_holds_back_files_directories_and_symlinks() {
+    let layers = [
+        (
+            "etc/hosts",
+            Layer::new().file("etc/hosts", 0o644, b"127.0.0.1 localhost\n"),
+        ),
+        ("usr", Layer::new().dir("usr", 0o755)),
+        ("lib", Layer::new().symlink("lib", "usr/lib")),
+    ];
+    for (made, layer) in layers {
+        let sandbox = Sandbox::new();
+        let gate = rpull_extract::CreateGate::new();
+        let options = ExtractOptions {
+            create_gate: Some(gate.clone()),
+            ..plain_options()
+        };
+        let layer = layer.bytes();
+        let (root, path) = (sandbox.root.clone(), sandbox.root.join(made));
+        let extracted = gate.while_held(|| {
+            let extraction = std::thread::spawn(move || {
+                extract_layer(layer.as_slice(), &root, &options).map(|_| ())
+            });
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            assert!(
+                fs::symlink_metadata(&path).is_err(),
+                "{made} was made while the gate was held"
+            );
+            extraction
+        });
+        extracted.join().unwrap().unwrap();
+        assert!(fs::symlink_metadata(&path).is_ok(), "{made} was not made");
+    }
 }

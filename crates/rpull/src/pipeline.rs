@@ -10,7 +10,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use rpull_decompress::Codec;
-use rpull_extract::{ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer};
+use rpull_extract::{
+    CreateGate, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
+};
 use rpull_registry::{Descriptor, DigestVerifier, Reference};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -106,6 +108,13 @@ pub(crate) async fn pull(
     // The biggest layer is the pipeline's critical path: the others run their decode and extract
     // threads at a lower priority, filling the cores around it instead of taking turns with it.
     let critical = critical_layer(&image.layers.iter().map(|l| l.size).collect::<Vec<_>>());
+    // Layers extracted at once into ext4 contend in its inode allocator: one gate for the whole
+    // pull makes their inodes one at a time (not on tmpfs), unless the caller gave a gate.
+    let create_gate = options
+        .extract
+        .create_gate
+        .clone()
+        .or_else(|| CreateGate::for_target(&staging.rootfs()));
     for (index, (descriptor, codec)) in image.layers.iter().zip(codecs).enumerate() {
         let target = if index == 0 {
             staging.rootfs()
@@ -119,6 +128,7 @@ pub(crate) async fn pull(
             target,
             background: critical.is_some_and(|critical| critical != index),
             writeback: writeback.as_ref().map(Writeback::counter),
+            create_gate: create_gate.clone(),
         };
         let span = info_span!("layer", index, digest = %descriptor.digest);
         tasks.spawn(
@@ -288,6 +298,8 @@ struct LayerJob {
     background: bool,
     /// Where the extracted bytes are counted for the early write-back, if the pull has one.
     writeback: Option<WritebackCounter>,
+    /// The pull's gate on inode creation, shared by all its layers, if it has one.
+    create_gate: Option<CreateGate>,
 }
 
 /// The layer whose threads keep the normal priority: the biggest (the first of equals); `None`
@@ -364,12 +376,11 @@ async fn layer_task(
 
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL_DEPTH);
     let worker = {
-        let (target, codec, options, writeback) = (
-            job.target.clone(),
-            job.codec,
-            puller.options.extract.clone(),
-            job.writeback.clone(),
-        );
+        let (target, codec, writeback) = (job.target.clone(), job.codec, job.writeback.clone());
+        let options = ExtractOptions {
+            create_gate: job.create_gate.clone(),
+            ..puller.options.extract.clone()
+        };
         let (cancel, runtime) = (threads.cancel_token(), Handle::current());
         let background = job.background;
         threads.spawn(format!("rpull-layer-{}", job.index), move || {

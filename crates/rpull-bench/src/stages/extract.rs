@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use rpull_extract::{ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer};
+use rpull_extract::{
+    CreateGate, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
+};
 
 use super::local::READ_BUFFER;
 use super::{CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, stage_result};
@@ -75,7 +77,8 @@ pub fn extract_beside_tar(
     check_runs(runs)?;
     let description = format!(
         "{} layer tars ({} bytes, {} entries) read from {} and applied into {}: layer 0 into the root, the others staged in \
-         parallel and merged in order, then finalized (chown {}); syncfs timed apart",
+         parallel (their inodes made one at a time, except on tmpfs, as a pull does) and merged in order, then \
+         finalized (chown {}); syncfs timed apart",
         layers.layers.len(),
         layers.tar_bytes(),
         layers.entries(),
@@ -235,6 +238,14 @@ pub fn apply_layers(
     options: &ExtractOptions,
 ) -> Result<Vec<LayerSummary>, BenchError> {
     let window = rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS.max(1);
+    // As the pipeline does: one gate on inode creation for all layers, except on tmpfs.
+    let options = &ExtractOptions {
+        create_gate: options
+            .create_gate
+            .clone()
+            .or_else(|| CreateGate::for_target(root)),
+        ..options.clone()
+    };
     std::thread::scope(|scope| {
         let mut running = VecDeque::new();
         let mut next = 0;
