@@ -156,10 +156,9 @@ pub trait IoBackend: Debug + Send {
 /// The namespace operations as plain system calls: the defaults of [`IoBackend`], and what a
 /// backend falls back to when it cannot do one itself.
 pub(crate) mod syscall {
+    use std::cell::RefCell;
     use std::ffi::CStr;
     use std::os::fd::BorrowedFd;
-
-    use std::cell::RefCell;
 
     use rustix::fs::{AtFlags, Mode, RenameFlags};
     use rustix::io::Errno;

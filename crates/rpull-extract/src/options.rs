@@ -51,10 +51,9 @@ pub struct ExtractOptions {
     /// directory (as the pipeline does), not by the io_uring backend.
     pub write_threads: usize,
     /// Extractions given clones of one gate make their inodes one at a time: the `openat` that
-    /// creates a regular file, `mkdirat` and `symlinkat` of each extracting thread hold it (the
-    /// write threads of [`write_threads`](Self::write_threads) do not). `None`: no gate. The
-    /// pipeline shares one gate between the layers of a pull into anything but tmpfs
-    /// ([`CreateGate::for_target`]).
+    /// creates a regular file, `mkdirat` and `symlinkat` hold it, on the extracting thread and on
+    /// its write threads alike. `None`: no gate. The pipeline shares one gate between the layers
+    /// of a pull into anything but tmpfs ([`CreateGate::for_target`]).
     pub create_gate: Option<CreateGate>,
 }
 
@@ -72,9 +71,10 @@ fn is_tmpfs(path: &std::path::Path) -> Option<bool> {
 ///
 /// Measured on the ext4 of the benchmark VMs (no journal), four layers extracted at once right
 /// after a large delete: their inode allocations contend in ext4's scan past recently deleted
-/// inodes, and the realistic image's pull spent 4.6-5.3 s of system time, 2.6-3.1 s with a gate
+/// inodes, and the realistic image's pull spent 4.4-5.8 s of system time, 2.7-3.0 s with a gate
 /// (docs/performance.md). Unlike a limit on the layers extracted at once, every layer keeps
-/// decoding and downloading.
+/// decoding and downloading. With the io_uring backend, a `mkdirat` or `symlinkat` through the
+/// ring also submits the file writes queued before it while it holds the gate.
 #[derive(Debug, Clone, Default)]
 pub struct CreateGate(std::sync::Arc<std::sync::Mutex<()>>);
 
