@@ -191,12 +191,13 @@ pub(crate) mod syscall {
         GATE.with(|current| current.borrow().clone())
     }
 
-    /// Runs `create`, holding this thread's gate if it has one.
+    /// Runs `create`, holding this thread's gate if it has one. (`create` never enters a
+    /// [`GateScope`], so the borrow of the gate for its duration cannot conflict.)
     pub(crate) fn gated<T>(create: impl FnOnce() -> T) -> T {
-        match current_gate() {
+        GATE.with(|current| match &*current.borrow() {
             Some(gate) => gate.hold(create),
             None => create(),
-        }
+        })
     }
 
     pub(crate) fn mkdir(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> Result<(), Errno> {
