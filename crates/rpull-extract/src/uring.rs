@@ -2,7 +2,7 @@
 //!
 //! Every regular file is created with a plain `openat` (so its name exists at once, exactly as
 //! with the std backend, and the extractor never has to wait for it), its data is read into
-//! buffers the backend owns and queued as positioned WRITEs (1 MiB each, at most
+//! buffers the backend owns and queued as positioned WRITEs ([`BUFFER_SIZE`], 256 KiB, each; at most
 //! [`MAX_IN_FLIGHT_BYTES`] in flight). The kernel takes many of them per `io_uring_enter`; on tmpfs
 //! and ext4 buffered writes are run by io_uring's worker threads, so the copy into the page cache
 //! runs on another core while the next entries are parsed. When a file's writes have completed,
@@ -46,7 +46,7 @@ use crate::summary::{Timestamp, Xattr};
 const RING_ENTRIES: u32 = 256;
 /// Bytes of file data the kernel may still be reading from our buffers; past it we wait.
 pub(crate) const MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
-/// Spare 1 MiB buffers kept for big files: as many as can be in flight, so that a big file does
+/// Spare [`BUFFER_SIZE`] buffers kept for big files: as many as can be in flight, so that a big file does
 /// not allocate (mmap, fault in, unmap) a fresh buffer per chunk.
 const POOLED_BUFFERS: usize = MAX_IN_FLIGHT_BYTES / BUFFER_SIZE;
 
@@ -204,7 +204,7 @@ pub struct UringBackend {
     /// Buffers of WRITEs in flight by id (the buffer and the length written from it).
     buffers: Vec<Option<(Vec<u8>, u32)>>,
     free_buffers: Vec<u32>,
-    /// Spare 1 MiB buffers.
+    /// Spare [`BUFFER_SIZE`] buffers.
     pool: Vec<Vec<u8>>,
     /// Entries pushed and not completed (queued or submitted).
     in_flight_ops: usize,
@@ -468,7 +468,7 @@ impl IoBackend for UringBackend {
         let index = self.add_file(fd, file);
         let mut offset = 0u64;
         let result = loop {
-            // Small files get a buffer of their own size; big ones 1 MiB buffers from the pool.
+            // Small files get a buffer of their own size; big ones [`BUFFER_SIZE`] buffers from the pool.
             let mut buffer = if file.size < BUFFER_SIZE as u64 {
                 vec![0; file.size as usize]
             } else {

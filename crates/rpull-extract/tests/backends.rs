@@ -184,6 +184,9 @@ fn layers() -> Vec<Vec<u8>> {
     let base = base
         .file("empty", 0o640, b"")
         .file("exactly-one-mib", 0o644, &content(1, 1 << 20))
+        // The backends' write buffer is 256 KiB: one file of exactly one buffer, one a byte over.
+        .file("exactly-one-buffer", 0o644, &content(5, 256 << 10))
+        .file("one-buffer-and-a-byte", 0o644, &content(6, (256 << 10) + 1))
         .file("big", 0o755, &content(2, 3 * (1 << 20) + 12345))
         .file("dup", 0o644, b"first")
         .file("dup", 0o600, b"second wins")
