@@ -18,7 +18,11 @@ use std::hint::black_box;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
+    criterion_main,
+};
 
 use common::{Fs, KIB, MIB, Scratch};
 
@@ -55,21 +59,7 @@ fn bench(c: &mut Criterion) {
         };
         let mut group = c.benchmark_group(format!("write_size/{}MiB/{}", total / MIB, fs.name()));
         common::quick(&mut group);
-        group.throughput(Throughput::Bytes(total as u64));
-        for chunk in SIZES {
-            group.bench_with_input(
-                BenchmarkId::from_parameter(format!("{}KiB", chunk / KIB)),
-                &chunk,
-                |b, &chunk| {
-                    b.iter_custom(|iters| {
-                        (0..iters)
-                            .map(|_| write_one(&mut scratch, &data, chunk))
-                            .sum()
-                    })
-                },
-            );
-        }
-        group.finish();
+        sweep(group, &mut scratch, &data, &SIZES, Duration::ZERO);
     }
 
     let Some(mut scratch) = Scratch::new(Fs::Disk) else {
@@ -80,13 +70,25 @@ fn bench(c: &mut Criterion) {
         total / MIB,
         Fs::Disk.name()
     ));
+    // One write per sample: each waits IDLE, so criterion's time targets cannot apply.
     group
         .sample_size(10)
-        .sampling_mode(criterion::SamplingMode::Flat)
+        .sampling_mode(SamplingMode::Flat)
         .warm_up_time(Duration::from_millis(1))
         .measurement_time(Duration::from_millis(1));
-    group.throughput(Throughput::Bytes(total as u64));
-    for chunk in IDLE_SIZES {
+    sweep(group, &mut scratch, &data, &IDLE_SIZES, IDLE);
+}
+
+/// One bench per write size in `sizes`, each iteration waiting `idle` (outside timing) first.
+fn sweep(
+    mut group: BenchmarkGroup<'_, WallTime>,
+    scratch: &mut Scratch,
+    data: &[u8],
+    sizes: &[usize],
+    idle: Duration,
+) {
+    group.throughput(Throughput::Bytes(data.len() as u64));
+    for &chunk in sizes {
         group.bench_with_input(
             BenchmarkId::from_parameter(format!("{}KiB", chunk / KIB)),
             &chunk,
@@ -94,8 +96,8 @@ fn bench(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     (0..iters)
                         .map(|_| {
-                            std::thread::sleep(IDLE);
-                            write_one(&mut scratch, &data, chunk)
+                            std::thread::sleep(idle);
+                            write_one(scratch, data, chunk)
                         })
                         .sum()
                 })
