@@ -26,7 +26,7 @@ use crate::uring::UringBackend;
 /// write allows, and a 1 MiB write wants order-8 (1 MiB) folios, 2 MiB writes order-9. On a VM
 /// that reports free memory to its host (virtio-balloon free page reporting, blocks of order 9
 /// and up), such folios come from memory the host has taken back, and copying into them ran 3-4x
-/// (1 MiB writes) and 10x (2 MiB) slower than into the small folios of 64-512 KiB writes
+/// (1 MiB writes) and over 10x (2 MiB) slower than into the small folios of 64-512 KiB writes
 /// (docs/design.md, "Writes no larger than 256 KiB"). One write per 256 KiB costs a few thousand
 /// system calls per GiB, nothing measurable on tmpfs.
 pub(crate) const BUFFER_SIZE: usize = 256 << 10;

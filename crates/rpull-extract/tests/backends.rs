@@ -288,6 +288,11 @@ fn std_parallel_and_uring_give_identical_trees() {
     assert_eq!(find("flip").data, b"a file at last");
     assert_eq!(find("flip").mode, 0o600);
     assert_eq!(find("exactly-one-mib").size, 1 << 20);
+    assert_eq!(find("exactly-one-buffer").data, content(5, 256 << 10));
+    assert_eq!(
+        find("one-buffer-and-a-byte").data,
+        content(6, (256 << 10) + 1)
+    );
     assert!(
         std_tree
             .iter()
