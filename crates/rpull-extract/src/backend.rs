@@ -22,7 +22,7 @@ use crate::uring::UringBackend;
 /// Buffer size for file data: files up to this size take exactly one write, bigger ones one write
 /// per 256 KiB.
 ///
-/// Not larger: since Linux 6.x ext4 (like XFS) builds its page-cache folios as large as each
+/// Not larger: ext4 on this project's kernel (6.18) builds its page-cache folios as large as each
 /// write allows, and a 1 MiB write wants order-8 (1 MiB) folios, 2 MiB writes order-9. On a VM
 /// that reports free memory to its host (virtio-balloon free page reporting, blocks of order 9
 /// and up), such folios come from memory the host has taken back, and copying into them ran 3-4x
