@@ -90,6 +90,13 @@ impl CreateGate {
         (is_tmpfs(target) == Some(false)).then(Self::new)
     }
 
+    /// The gate for several layers extracted at once into `target`: the caller's `given` gate if
+    /// there is one, else [`for_target`](Self::for_target). Clone the result into each layer's
+    /// [`ExtractOptions::create_gate`] so that they share it.
+    pub fn shared_for(given: Option<&CreateGate>, target: &std::path::Path) -> Option<Self> {
+        given.cloned().or_else(|| Self::for_target(target))
+    }
+
     /// Runs `work` holding the gate: no extraction that shares it makes an inode meanwhile.
     pub fn while_held<T>(&self, work: impl FnOnce() -> T) -> T {
         self.hold(work)
@@ -206,5 +213,14 @@ mod tests {
         let gate = CreateGate::new();
         assert_eq!(gate.clone(), gate);
         assert_ne!(CreateGate::new(), gate);
+        // A caller's gate is kept even on tmpfs; without one, the target decides.
+        assert_eq!(
+            CreateGate::shared_for(Some(&gate), Path::new("/dev/shm")),
+            Some(gate.clone())
+        );
+        assert_eq!(
+            CreateGate::shared_for(None, Path::new(env!("CARGO_MANIFEST_DIR"))).is_some(),
+            CreateGate::for_target(Path::new(env!("CARGO_MANIFEST_DIR"))).is_some()
+        );
     }
 }

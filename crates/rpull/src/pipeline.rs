@@ -110,11 +110,8 @@ pub(crate) async fn pull(
     let critical = critical_layer(&image.layers.iter().map(|l| l.size).collect::<Vec<_>>());
     // Layers extracted at once into ext4 contend in its inode allocator: one gate for the whole
     // pull makes their inodes one at a time (not on tmpfs), unless the caller gave a gate.
-    let create_gate = options
-        .extract
-        .create_gate
-        .clone()
-        .or_else(|| CreateGate::for_target(&staging.rootfs()));
+    let create_gate =
+        CreateGate::shared_for(options.extract.create_gate.as_ref(), &staging.rootfs());
     for (index, (descriptor, codec)) in image.layers.iter().zip(codecs).enumerate() {
         let target = if index == 0 {
             staging.rootfs()

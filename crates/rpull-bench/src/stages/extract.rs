@@ -240,10 +240,7 @@ pub fn apply_layers(
     let window = rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS.max(1);
     // As the pipeline does: one gate on inode creation for all layers, except on tmpfs.
     let options = &ExtractOptions {
-        create_gate: options
-            .create_gate
-            .clone()
-            .or_else(|| CreateGate::for_target(root)),
+        create_gate: CreateGate::shared_for(options.create_gate.as_ref(), root),
         ..options.clone()
     };
     std::thread::scope(|scope| {
