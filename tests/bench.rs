@@ -280,7 +280,21 @@ fn bench_json_matches_the_documented_schema() {
             }
         }
     }
-    assert!(report["pipeline_floor_seconds"].as_f64().unwrap() > 0.0);
+    let floor = report["pipeline_floor_seconds"].as_f64().unwrap();
+    assert!(floor > 0.0);
+    // The machine's CPU includes rpull's own; so its floor is never below the floor.
+    assert!(report["machine_floor_seconds"].as_f64().unwrap() >= floor - 0.01);
+    for stage in report["stages"].as_array().unwrap() {
+        for sample in stage["samples"].as_array().unwrap() {
+            let (own, machine) = (&sample["cpu_seconds"], &sample["machine_cpu_seconds"]);
+            // /proc/stat counts 10 ms ticks.
+            assert!(
+                machine.as_f64().unwrap() >= own.as_f64().unwrap() - 0.03,
+                "{}: machine {machine} against own {own}",
+                stage["stage"]
+            );
+        }
+    }
     assert!(report["bounding_stage"].is_string());
     let sweeps: Vec<&str> = report["sweeps"]
         .as_array()
@@ -414,6 +428,8 @@ fn bench_table_lists_every_stage_and_the_floor() {
         "peak RSS MB",
         "bounding stage:",
         "pipeline floor:",
+        "counting the whole machine's CPU during those stages (",
+        "in network outside rpull: a registry on this machine, if any): floor ",
         "machine:",
         "caches:",
     ] {

@@ -312,6 +312,7 @@ impl Bench {
             }
             None => (None, None),
         };
+        let machine_floor_seconds = floor.as_ref().and_then(FloorTerms::machine_floor);
         Ok(BenchReport {
             schema_version: SCHEMA_VERSION,
             reference: image.reference.to_string(),
@@ -326,6 +327,7 @@ impl Bench {
             stages: results,
             bounding_stage,
             pipeline_floor_seconds,
+            machine_floor_seconds,
             floor,
             peers: Vec::new(),
             sweeps,
@@ -443,22 +445,33 @@ impl FloorTerms {
     /// The bounding term is the stage with the largest critical-path time, or `cpu` when the
     /// CPU term is larger.
     pub fn floor(&self) -> (f64, String) {
-        let terms = [
-            (self.network_seconds, "network"),
-            (self.decompress_critical_seconds, "decompress-1core"),
-            (self.extract_seconds, self.extract_stage.as_str()),
-        ];
-        let (critical, stage) =
-            terms.into_iter().fold(
-                (f64::MIN, ""),
-                |best, term| if term.0 > best.0 { term } else { best },
-            );
+        let (critical, stage) = self.critical_path();
         let cpu = self.cpu_seconds / self.cpus.max(1) as f64;
         if cpu > critical {
             (cpu, "cpu".to_owned())
         } else {
             (critical, stage.to_owned())
         }
+    }
+
+    /// The critical path of [`floor`](Self::floor) against the machine's CPU work (every
+    /// process, a local registry included) per core; `None` without machine readings.
+    pub fn machine_floor(&self) -> Option<f64> {
+        let (critical, _) = self.critical_path();
+        Some(critical.max(self.machine_cpu_seconds? / self.cpus.max(1) as f64))
+    }
+
+    /// The longest of the three streams, and its stage.
+    fn critical_path(&self) -> (f64, &str) {
+        let terms = [
+            (self.network_seconds, "network"),
+            (self.decompress_critical_seconds, "decompress-1core"),
+            (self.extract_seconds, self.extract_stage.as_str()),
+        ];
+        terms.into_iter().fold(
+            (f64::MIN, ""),
+            |best, term| if term.0 > best.0 { term } else { best },
+        )
     }
 }
 
@@ -476,6 +489,10 @@ pub fn floor_terms(stages: &[StageResult], extract_stage: &str, cpus: usize) -> 
         cpu_seconds: network.cpu_seconds?.median
             + decompress.cpu_seconds?.median
             + extract.cpu_seconds?.median,
+        machine_cpu_seconds: [network, decompress, extract]
+            .iter()
+            .map(|stage| stage.machine_cpu_seconds.map(|s| s.median))
+            .sum(),
         cpus,
     })
 }
@@ -512,5 +529,38 @@ mod tests {
         let (floor, bound) = floor_terms(&stages, "extract-tmpfs", 4).unwrap().floor();
         assert_eq!((floor, bound.as_str()), (3.6, "decompress-1core"));
         assert!(floor_terms(&stages[..2], "extract-tmpfs", 2).is_none());
+        // No machine readings: no machine floor.
+        assert_eq!(terms.machine_cpu_seconds, None);
+        assert_eq!(terms.machine_floor(), None);
+    }
+
+    #[test]
+    fn machine_floor_counts_the_cpu_of_everything_on_the_machine() {
+        let with_machine = |name: &str, seconds: f64, cpu: f64, machine: f64, critical| {
+            let mut result = stage(name, seconds, cpu, critical);
+            result.machine_cpu_seconds = Summary::of(&[machine]);
+            result
+        };
+        // A network stage whose registry, on the same machine, used 0.35 CPU-s of its own.
+        let stages = vec![
+            with_machine("network", 0.74, 0.86, 1.21, None),
+            with_machine("decompress-1core", 0.13, 0.13, 0.13, Some(0.13)),
+            with_machine("extract-tmpfs", 0.41, 0.41, 0.42, None),
+        ];
+        let terms = floor_terms(&stages, "extract-tmpfs", 2).unwrap();
+        // The floor: the network stage (0.74 s) beats 1.40 CPU-s / 2.
+        assert_eq!(terms.floor(), (0.74, "network".to_owned()));
+        // With the registry's work: 1.76 CPU-s / 2 = 0.88 s.
+        assert!((terms.machine_cpu_seconds.unwrap() - 1.76).abs() < 1e-9);
+        assert!((terms.machine_floor().unwrap() - 0.88).abs() < 1e-9);
+        // Four cores: the critical path again.
+        let four = floor_terms(&stages, "extract-tmpfs", 4).unwrap();
+        assert_eq!(four.machine_floor(), Some(0.74));
+        // One stage without a reading: none.
+        let mut partial = stages.clone();
+        partial[1].machine_cpu_seconds = None;
+        let terms = floor_terms(&partial, "extract-tmpfs", 2).unwrap();
+        assert_eq!(terms.machine_floor(), None);
+        assert_eq!(terms.floor(), (0.74, "network".to_owned()));
     }
 }

@@ -23,6 +23,11 @@ pub struct Sample {
     pub files: u64,
     /// Seconds of the `syncfs` after an extraction to disk, timed separately.
     pub sync_seconds: Option<f64>,
+    /// CPU seconds the whole machine was busy during the run (all processes, the kernel's
+    /// threads and interrupts; `/proc/stat`, 10 ms resolution). Beyond `cpu_seconds`, it holds
+    /// the work of anything else running meanwhile: a registry serving from this machine, the
+    /// kernel's write-back, other load. `None` where it could not be read.
+    pub machine_cpu_seconds: Option<f64>,
 }
 
 /// One stage (or the end-to-end pull) measured over several runs.
@@ -39,6 +44,8 @@ pub struct StageResult {
     pub seconds: Option<Summary>,
     /// CPU seconds over the runs.
     pub cpu_seconds: Option<Summary>,
+    /// The whole machine's busy CPU seconds over the runs (see [`Sample::machine_cpu_seconds`]).
+    pub machine_cpu_seconds: Option<Summary>,
     /// Median MB/s (10^6 bytes) of `bytes_in`.
     pub mb_per_s_in: Option<f64>,
     /// Median MB/s of `bytes_out`.
@@ -153,6 +160,9 @@ pub struct FloorTerms {
     pub extract_stage: String,
     /// Sum of the three stages' median CPU seconds.
     pub cpu_seconds: f64,
+    /// Sum of the three stages' median machine CPU seconds (every process on the machine, a
+    /// registry serving from it included); `None` when one is missing.
+    pub machine_cpu_seconds: Option<f64>,
     /// Cores it is divided by.
     pub cpus: usize,
 }
@@ -192,6 +202,13 @@ pub struct BenchReport {
     /// and the matching extract stage's median, and the total CPU work is the sum of those three
     /// stages' median CPU seconds. `None` when one of them is missing.
     pub pipeline_floor_seconds: Option<f64>,
+    /// The same floor with the whole machine's CPU work in its CPU term: `max(critical path,
+    /// machine CPU work / cpus)`, the machine CPU work being the sum of the three stages' median
+    /// `machine_cpu_seconds`. It is larger than `pipeline_floor_seconds` when something else on
+    /// the machine works during the stages, chiefly a registry serving from this machine during
+    /// `network`: the pull shares the cores with it. Reported beside the floor, which stays as
+    /// BASELINE.md defines it. `None` when the floor is, or a machine reading is missing.
+    pub machine_floor_seconds: Option<f64>,
     /// The terms of the floor, in seconds.
     pub floor: Option<FloorTerms>,
     /// Peers, in the order asked.

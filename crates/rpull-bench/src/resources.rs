@@ -14,6 +14,34 @@ pub fn process_cpu_seconds() -> f64 {
     rusage_seconds(libc::RUSAGE_SELF)
 }
 
+/// CPU seconds the whole machine has spent busy since boot, all CPUs: user, nice, system, irq
+/// and softirq time of `/proc/stat`'s `cpu` line (not idle, iowait or steal). Its difference over
+/// a run counts every process, the kernel's threads and interrupt work, so a registry serving
+/// the bench from this machine is in it. `None` where `/proc/stat` cannot be read.
+pub fn machine_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    busy_ticks(&stat).map(|ticks| ticks as f64 / ticks_per_second.max(1) as f64)
+}
+
+/// Busy ticks from the text of `/proc/stat`: `user nice system idle iowait irq softirq ...`.
+fn busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let field = |i: usize| fields.get(i).copied();
+    Some(field(0)? + field(1)? + field(2)? + field(5)? + field(6)?)
+}
+
+/// The machine's busy CPU seconds since `started` (a [`machine_cpu_seconds`] reading).
+pub fn machine_cpu_since(started: Option<f64>) -> Option<f64> {
+    Some((machine_cpu_seconds()? - started?).max(0.0))
+}
+
 /// CPU time of the waited-for children of this process so far.
 pub fn children_cpu_seconds() -> f64 {
     rusage_seconds(libc::RUSAGE_CHILDREN)
@@ -82,6 +110,7 @@ pub fn run_measured_with_input(
     input: Option<Vec<u8>>,
 ) -> io::Result<MeasuredRun> {
     let started = Instant::now();
+    let machine_started = machine_cpu_seconds();
     let stdin = if input.is_some() {
         Stdio::piped()
     } else {
@@ -116,6 +145,7 @@ pub fn run_measured_with_input(
     let polled_peak = poller.stop();
     let (raw_status, usage) = waited?;
     let seconds = started.elapsed().as_secs_f64();
+    let machine_cpu_seconds = machine_cpu_since(machine_started);
     let stdout = String::from_utf8_lossy(&out_reader.join().unwrap_or_default()).into_owned();
     let stderr = err_reader.join().unwrap_or_default();
     let tail = &stderr[stderr.len().saturating_sub(4096)..];
@@ -128,6 +158,7 @@ pub fn run_measured_with_input(
             // forked (the mm it replaced at exec), so a big benchmark process would show up as
             // the child's peak. The VmHWM of the child's own (post-exec) memory is what counts.
             peak_rss_bytes: polled_peak,
+            machine_cpu_seconds,
             ..Sample::default()
         },
         stderr_tail: String::from_utf8_lossy(tail).into_owned(),
@@ -310,6 +341,48 @@ mod tests {
             run.sample.peak_rss_bytes
         );
         assert!(run.sample.seconds >= run.sample.cpu_seconds * 0.5);
+    }
+
+    #[test]
+    fn busy_ticks_are_user_nice_system_irq_and_softirq() {
+        let stat = "cpu  3113678 70880 2969927 5073388 426945 7 140966 5326 0 0\n\
+                    cpu0 1 2 3 4 5 6 7 8 0 0\nintr 1 2 3\n";
+        assert_eq!(
+            busy_ticks(stat),
+            Some(3113678 + 70880 + 2969927 + 7 + 140966)
+        );
+        // Per-CPU lines alone, a short line or a non-number: no reading.
+        assert_eq!(busy_ticks("cpu0 1 2 3 4 5 6 7\n"), None);
+        assert_eq!(busy_ticks("cpu  1 2 3 4 5\n"), None);
+        assert_eq!(busy_ticks("cpu  1 2 x 4 5 6 7\n"), None);
+    }
+
+    #[test]
+    fn the_machine_cpu_of_a_child_includes_its_own() {
+        let run = run_measured(Command::new("python3").args(["-c", "x = sum(range(20_000_000))"]))
+            .expect("python3 runs");
+        assert!(run.status.success(), "{}", run.stderr_tail);
+        let machine = run
+            .sample
+            .machine_cpu_seconds
+            .expect("/proc/stat is readable");
+        // /proc/stat counts in ticks of 10 ms: allow two at each end.
+        assert!(
+            machine >= run.sample.cpu_seconds - 0.04,
+            "machine {machine} s against the child's own {} s",
+            run.sample.cpu_seconds
+        );
+        // All the machine's CPUs, which may be more than this process may use.
+        let all_cpus = std::fs::read_to_string("/proc/stat")
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count();
+        assert!(
+            machine <= run.sample.seconds * all_cpus as f64 + 0.04,
+            "machine {machine} s in {} s of wall time",
+            run.sample.seconds
+        );
     }
 
     #[test]

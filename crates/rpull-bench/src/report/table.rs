@@ -248,18 +248,44 @@ pub fn render_table(report: &BenchReport) -> String {
                 terms.cpus,
                 seconds(terms.cpu_seconds / terms.cpus.max(1) as f64),
             );
-            if let Some(e2e) = report
+            let e2e = report
                 .stages
                 .iter()
                 .find(|s| s.stage == "end-to-end")
-                .and_then(|s| s.seconds)
-            {
+                .and_then(|s| s.seconds);
+            if let Some(e2e) = e2e {
                 let _ = writeln!(
                     out,
                     "end-to-end median {} s = {:.2} x the floor",
                     seconds(e2e.median),
                     e2e.median / floor
                 );
+            }
+            if let (Some(machine_cpu), Some(machine_floor)) =
+                (terms.machine_cpu_seconds, report.machine_floor_seconds)
+            {
+                let _ = write!(
+                    out,
+                    "counting the whole machine's CPU during those stages ({} s{}): floor {} s",
+                    seconds(machine_cpu),
+                    network_beyond_own(report)
+                        .map(|beyond| format!(
+                            ", of which {} s in network outside rpull: a registry on this machine, if any",
+                            seconds(beyond)
+                        ))
+                        .unwrap_or_default(),
+                    seconds(machine_floor),
+                );
+                match e2e {
+                    Some(e2e) => {
+                        let _ = writeln!(
+                            out,
+                            ", end-to-end = {:.2} x that",
+                            e2e.median / machine_floor
+                        );
+                    }
+                    None => out.push('\n'),
+                }
             }
         }
         _ => out.push_str("pipeline floor: not computed (a stage it needs is missing)\n"),
@@ -279,4 +305,11 @@ pub fn render_table(report: &BenchReport) -> String {
     );
     let _ = writeln!(out, "caches: {}", report.cache_note);
     out
+}
+
+/// The machine's CPU seconds during `network` beyond rpull's own (medians): the registry's work
+/// when it serves from this machine.
+fn network_beyond_own(report: &BenchReport) -> Option<f64> {
+    let network = report.stages.iter().find(|s| s.stage == "network")?;
+    Some((network.machine_cpu_seconds?.median - network.cpu_seconds?.median).max(0.0))
 }

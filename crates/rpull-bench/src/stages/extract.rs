@@ -15,7 +15,9 @@ use rpull_extract::{
 use super::local::READ_BUFFER;
 use super::{CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, stage_result};
 use crate::error::BenchError;
-use crate::resources::{filesystem_type, run_measured, syncfs};
+use crate::resources::{
+    filesystem_type, machine_cpu_seconds, machine_cpu_since, run_measured, syncfs,
+};
 use crate::{Sample, StageResult};
 
 /// Where an extraction stage writes.
@@ -182,6 +184,7 @@ impl TarRuns {
         fs_err::create_dir_all(&root).map_err(|e| BenchError::io("creating", &root, e))?;
         cache.before_run(&mut self.notes);
         let started = Instant::now();
+        let machine_started = machine_cpu_seconds();
         let mut sample = Sample::default();
         for layer in &layers.layers {
             let mut command = Command::new(program);
@@ -208,6 +211,7 @@ impl TarRuns {
             }
         }
         sample.seconds = started.elapsed().as_secs_f64();
+        sample.machine_cpu_seconds = machine_cpu_since(machine_started);
         if self.stopped.is_none() {
             sample.sync_seconds = Some(
                 syncfs(&root)

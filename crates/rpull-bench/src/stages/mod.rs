@@ -13,7 +13,9 @@ use rpull::registry::{Client, Descriptor, ResolvedImage};
 use rpull::{Platform, Reference};
 
 use crate::error::BenchError;
-use crate::resources::{peak_rss_bytes, process_cpu_seconds, reset_peak_rss};
+use crate::resources::{
+    machine_cpu_seconds, machine_cpu_since, peak_rss_bytes, process_cpu_seconds, reset_peak_rss,
+};
 use crate::{Sample, StageResult, Summary};
 
 pub use decompress::{DecompressMode, decompress};
@@ -128,10 +130,12 @@ fn rpull_is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Measures in-process work: wall time, CPU time of this process, peak RSS since the start.
+/// Measures in-process work: wall time, CPU time of this process and of the whole machine,
+/// peak RSS since the start.
 pub(crate) struct Meter {
     started: Instant,
     cpu: f64,
+    machine_cpu: Option<f64>,
     rss_reset: bool,
 }
 
@@ -141,6 +145,7 @@ impl Meter {
         Meter {
             started: Instant::now(),
             cpu: process_cpu_seconds(),
+            machine_cpu: machine_cpu_seconds(),
             rss_reset,
         }
     }
@@ -150,6 +155,7 @@ impl Meter {
         Sample {
             seconds: self.started.elapsed().as_secs_f64(),
             cpu_seconds: (process_cpu_seconds() - self.cpu).max(0.0),
+            machine_cpu_seconds: machine_cpu_since(self.machine_cpu),
             // Without the reset the high-water mark would cover everything before this run.
             peak_rss_bytes: if self.rss_reset {
                 peak_rss_bytes()
@@ -176,6 +182,10 @@ pub(crate) fn stage_result(
 ) -> StageResult {
     let seconds: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
     let cpu: Vec<f64> = samples.iter().map(|s| s.cpu_seconds).collect();
+    let machine_cpu: Vec<f64> = samples
+        .iter()
+        .filter_map(|s| s.machine_cpu_seconds)
+        .collect();
     let rate = |f: &dyn Fn(&Sample) -> Option<f64>| {
         let rates: Vec<f64> = samples.iter().filter_map(f).collect();
         Summary::of(&rates).map(|s| s.median)
@@ -186,6 +196,12 @@ pub(crate) fn stage_result(
         description,
         seconds: Summary::of(&seconds),
         cpu_seconds: Summary::of(&cpu),
+        // Only when every run has a reading: a median of some runs would not be comparable.
+        machine_cpu_seconds: if machine_cpu.len() == samples.len() {
+            Summary::of(&machine_cpu)
+        } else {
+            None
+        },
         mb_per_s_in: rate(&|s| mb_per_s(s.bytes_in, s.seconds)),
         mb_per_s_out: rate(&|s| {
             if s.bytes_out > 0 {
