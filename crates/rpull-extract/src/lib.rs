@@ -8,6 +8,7 @@
 mod backend;
 mod error;
 mod extract;
+mod filesystem;
 mod finalize;
 mod forward;
 mod merge;
@@ -23,6 +24,7 @@ mod uring;
 pub use backend::{FileMetadata, IoBackend, NewFile, StdBackend};
 pub use error::ExtractError;
 pub use extract::extract_layer;
+pub use filesystem::in_memory_filesystem;
 pub use finalize::finalize_tree;
 pub use merge::merge_layer;
 pub use options::{CreateGate, ExtractOptions, IoBackendKind};

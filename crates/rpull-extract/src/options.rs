@@ -1,3 +1,5 @@
+use crate::filesystem::in_memory_filesystem;
+
 /// Which [`IoBackend`](crate::IoBackend) writes regular files and runs the namespace operations
 /// (directories, symlinks, hardlinks, renames, unlinks) of extraction and merge.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -57,16 +59,6 @@ pub struct ExtractOptions {
     pub create_gate: Option<CreateGate>,
 }
 
-/// Whether `path` is on tmpfs; `None` when it cannot be inspected.
-fn is_tmpfs(path: &std::path::Path) -> Option<bool> {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    // `f_type` is i64 on x86-64 glibc, another integer type elsewhere.
-    #[allow(clippy::unnecessary_cast)]
-    rustix::fs::statfs(path)
-        .ok()
-        .map(|stat| stat.f_type as i64 == TMPFS_MAGIC)
-}
-
 /// Makes the inode-creating system calls of the extractions that share it one at a time.
 ///
 /// Measured on the ext4 of the benchmark VMs (no journal), four layers extracted at once right
@@ -84,10 +76,11 @@ impl CreateGate {
         Self::default()
     }
 
-    /// A new gate for extractions into `target`, or `None` when it is on tmpfs (where creating
-    /// from several threads at once is what makes small files fast) or cannot be inspected.
+    /// A new gate for extractions into `target`, or `None` when it is on tmpfs or ramfs (where
+    /// creating from several threads at once is what makes small files fast) or cannot be
+    /// inspected.
     pub fn for_target(target: &std::path::Path) -> Option<Self> {
-        (is_tmpfs(target) == Some(false)).then(Self::new)
+        (in_memory_filesystem(target) == Some(false)).then(Self::new)
     }
 
     /// The gate for several layers extracted at once into `target`: the caller's `given` gate if
@@ -137,7 +130,7 @@ impl ExtractOptions {
     }
 
     /// The write threads for a layer extracted into `target`: `write_threads` when set, else one
-    /// per core (at most 4) on tmpfs and 1 on other file systems.
+    /// per core (at most 4) on tmpfs or ramfs and 1 on other file systems.
     ///
     /// Measured (docs/performance.md): on tmpfs two threads create small files at twice the rate
     /// of one. On the ext4 disks of the benchmark VMs (no journal) two threads were 12-23% slower
@@ -147,7 +140,7 @@ impl ExtractOptions {
         if self.write_threads > 0 {
             return self.write_threads;
         }
-        match is_tmpfs(target) {
+        match in_memory_filesystem(target) {
             Some(true) => Self::default_write_threads(),
             _ => 1,
         }
@@ -180,15 +173,8 @@ mod tests {
             ..auto.clone()
         };
         assert_eq!(set.write_threads_for(Path::new("/")), 3);
-        let is_tmpfs = |path: &str| {
-            rustix::fs::statfs(path).is_ok_and(|stat| {
-                #[allow(clippy::unnecessary_cast)]
-                let kind = stat.f_type as i64;
-                kind == 0x0102_1994
-            })
-        };
         for path in ["/dev/shm", env!("CARGO_MANIFEST_DIR")] {
-            let expected = if is_tmpfs(path) {
+            let expected = if in_memory_filesystem(Path::new(path)) == Some(true) {
                 ExtractOptions::default_write_threads()
             } else {
                 1
@@ -200,12 +186,12 @@ mod tests {
     }
 
     #[test]
-    fn a_create_gate_for_anything_but_tmpfs_and_clones_are_one_gate() {
+    fn a_create_gate_for_anything_but_memory_and_clones_are_one_gate() {
         for path in ["/dev/shm", env!("CARGO_MANIFEST_DIR")] {
-            let tmpfs = is_tmpfs(Path::new(path)).unwrap();
+            let in_memory = in_memory_filesystem(Path::new(path)).unwrap();
             assert_eq!(
                 CreateGate::for_target(Path::new(path)).is_some(),
-                !tmpfs,
+                !in_memory,
                 "{path}"
             );
         }

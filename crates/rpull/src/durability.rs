@@ -77,13 +77,7 @@ impl FromStr for FsyncPolicy {
 
 /// tmpfs and ramfs keep everything in memory: there is nothing to write back.
 fn is_memory_filesystem(path: &Path) -> bool {
-    const TMPFS_MAGIC: u64 = 0x0102_1994;
-    const RAMFS_MAGIC: u64 = 0x8584_58f6;
-    match rustix::fs::statfs(path) {
-        #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
-        Ok(stat) => matches!(stat.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC),
-        Err(_) => false,
-    }
+    rpull_extract::in_memory_filesystem(path) == Some(true)
 }
 
 /// `syncfs` of the filesystem holding `path`.
