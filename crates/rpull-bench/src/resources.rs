@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::{MachineInfo, Sample};
 
+pub use rpull_extract::filesystem_type;
+
 /// CPU time (user + system) of this process so far, all threads.
 pub fn process_cpu_seconds() -> f64 {
     rusage_seconds(libc::RUSAGE_SELF)
@@ -275,24 +277,6 @@ pub fn syncfs(path: &Path) -> io::Result<Duration> {
     Ok(started.elapsed())
 }
 
-/// The filesystem type of the mount holding `path` (`ext4`, `tmpfs`, ...), from
-/// `/proc/self/mounts` (longest matching mount point).
-pub fn filesystem_type(path: &Path) -> Option<String> {
-    let path = std::fs::canonicalize(path).ok()?;
-    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    mounts
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let (_device, mount_point, fs_type) = (fields.next()?, fields.next()?, fields.next()?);
-            let mount_point = mount_point.replace("\\040", " ");
-            path.starts_with(&mount_point)
-                .then(|| (mount_point.len(), fs_type.to_owned()))
-        })
-        .max_by_key(|(len, _)| *len)
-        .map(|(_, fs_type)| fs_type)
-}
-
 /// Logical CPUs available to this process.
 pub fn cpus() -> usize {
     std::thread::available_parallelism()
@@ -413,20 +397,6 @@ mod tests {
         .unwrap();
         assert!(run.status.success(), "{}", run.stderr_tail);
         assert_eq!(run.stdout, "got secret\n");
-    }
-
-    #[test]
-    fn filesystem_types() {
-        assert_eq!(
-            filesystem_type(Path::new("/proc/self")).as_deref(),
-            Some("proc")
-        );
-        if Path::new("/dev/shm").exists() {
-            assert_eq!(
-                filesystem_type(Path::new("/dev/shm")).as_deref(),
-                Some("tmpfs")
-            );
-        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! What kind of file system a destination is on.
+//! What kind of file system a destination is on: in memory or not (for the pipeline's
+//! choices), and its type's name (for reports).
 
 use std::path::Path;
 
@@ -20,33 +21,34 @@ pub fn in_memory_filesystem(path: &Path) -> Option<bool> {
         .map(|stat| matches!(stat.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC))
 }
 
+/// The type of the file system holding `path` (`ext4`, `tmpfs`, ...), from `/proc/self/mounts`
+/// (the longest matching mount point), for reports; `None` when it cannot be read.
+pub fn filesystem_type(path: &Path) -> Option<String> {
+    let path = std::fs::canonicalize(path).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_device, mount_point, fs_type) = (fields.next()?, fields.next()?, fields.next()?);
+            let mount_point = mount_point.replace("\\040", " ");
+            path.starts_with(&mount_point)
+                .then(|| (mount_point.len(), fs_type.to_owned()))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, fs_type)| fs_type)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The file system type of the mount holding `path`, from `/proc/self/mounts` (the longest
-    /// matching mount point): an oracle independent of `statfs`.
-    fn mount_type(path: &Path) -> Option<String> {
-        let path = std::fs::canonicalize(path).ok()?;
-        let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-        mounts
-            .lines()
-            .filter_map(|line| {
-                let mut fields = line.split_whitespace();
-                let (_device, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
-                let point = point.replace("\\040", " ");
-                path.starts_with(&point)
-                    .then(|| (point.len(), kind.to_owned()))
-            })
-            .max_by_key(|(length, _)| *length)
-            .map(|(_, kind)| kind)
-    }
 
     #[test]
     fn memory_file_systems_are_tmpfs_and_ramfs() {
         for path in ["/dev/shm", "/proc", env!("CARGO_MANIFEST_DIR"), "/"] {
             let path = Path::new(path);
-            let Some(kind) = mount_type(path) else {
+            // Two sources: statfs's magic number, and the mount table's name.
+            let Some(kind) = filesystem_type(path) else {
                 continue;
             };
             assert_eq!(
@@ -57,5 +59,20 @@ mod tests {
             );
         }
         assert_eq!(in_memory_filesystem(Path::new("/no/such/dir")), None);
+    }
+
+    #[test]
+    fn filesystem_types() {
+        assert_eq!(
+            filesystem_type(Path::new("/proc/self")).as_deref(),
+            Some("proc")
+        );
+        if Path::new("/dev/shm").exists() {
+            assert_eq!(
+                filesystem_type(Path::new("/dev/shm")).as_deref(),
+                Some("tmpfs")
+            );
+        }
+        assert_eq!(filesystem_type(Path::new("/no/such/dir")), None);
     }
 }
