@@ -260,8 +260,8 @@ pub struct StdBackend {
 }
 
 impl StdBackend {
-    /// A backend with its own 256 KiB buffer. `chown` makes a refused `security.capability` xattr an
-    /// error (see [`ExtractOptions::chown`](crate::ExtractOptions::chown)).
+    /// A backend with its own 256 KiB buffer. `chown` makes a refused `security.capability`
+    /// xattr an error (see [`ExtractOptions::chown`](crate::ExtractOptions::chown)).
     pub fn new(chown: bool) -> Self {
         Self {
             buffer: vec![0; BUFFER_SIZE],

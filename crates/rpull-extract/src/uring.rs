@@ -2,10 +2,10 @@
 //!
 //! Every regular file is created with a plain `openat` (so its name exists at once, exactly as
 //! with the std backend, and the extractor never has to wait for it), its data is read into
-//! buffers the backend owns and queued as positioned WRITEs ([`BUFFER_SIZE`], 256 KiB, each; at most
-//! [`MAX_IN_FLIGHT_BYTES`] in flight). The kernel takes many of them per `io_uring_enter`; on tmpfs
-//! and ext4 buffered writes are run by io_uring's worker threads, so the copy into the page cache
-//! runs on another core while the next entries are parsed. When a file's writes have completed,
+//! buffers the backend owns and queued as positioned WRITEs ([`BUFFER_SIZE`], 256 KiB, each; at
+//! most [`MAX_IN_FLIGHT_BYTES`] in flight). The kernel takes many of them per `io_uring_enter`;
+//! on tmpfs and ext4 buffered writes are run by io_uring's worker threads, so the copy into the
+//! page cache runs on another core while the next entries are parsed. When a file's writes have completed,
 //! its metadata (owner, mode, xattrs, mtime: io_uring has no operation for them) is applied
 //! through its own descriptor, which is then closed by a CLOSE batched into the next submission.
 //! Applying metadata through the descriptor rather than by name keeps later entries that replace
@@ -46,8 +46,8 @@ use crate::summary::{Timestamp, Xattr};
 const RING_ENTRIES: u32 = 256;
 /// Bytes of file data the kernel may still be reading from our buffers; past it we wait.
 pub(crate) const MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
-/// Spare [`BUFFER_SIZE`] buffers kept for big files: as many as can be in flight, so that a big file does
-/// not allocate (mmap, fault in, unmap) a fresh buffer per chunk.
+/// Spare [`BUFFER_SIZE`] buffers kept for big files: as many as can be in flight, so that a big
+/// file does not allocate (mmap, fault in, unmap) a fresh buffer per chunk.
 const POOLED_BUFFERS: usize = MAX_IN_FLIGHT_BYTES / BUFFER_SIZE;
 
 /// `user_data` of a WRITE: the file in bits 32..64, the buffer in bits 0..32. A CLOSE has
@@ -468,7 +468,8 @@ impl IoBackend for UringBackend {
         let index = self.add_file(fd, file);
         let mut offset = 0u64;
         let result = loop {
-            // Small files get a buffer of their own size; big ones [`BUFFER_SIZE`] buffers from the pool.
+            // Small files get a buffer of their own size; big ones BUFFER_SIZE buffers from the
+            // pool.
             let mut buffer = if file.size < BUFFER_SIZE as u64 {
                 vec![0; file.size as usize]
             } else {

@@ -109,7 +109,8 @@ pub(crate) async fn pull(
     // threads at a lower priority, filling the cores around it instead of taking turns with it.
     let critical = critical_layer(&image.layers.iter().map(|l| l.size).collect::<Vec<_>>());
     // Layers extracted at once into ext4 contend in its inode allocator: one gate for the whole
-    // pull makes their inodes one at a time (not on tmpfs), unless the caller gave a gate.
+    // pull makes their inodes one at a time (not on tmpfs or ramfs), unless the caller gave a
+    // gate.
     let create_gate =
         CreateGate::shared_for(options.extract.create_gate.as_ref(), &staging.rootfs());
     for (index, (descriptor, codec)) in image.layers.iter().zip(codecs).enumerate() {

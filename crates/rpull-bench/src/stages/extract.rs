@@ -242,7 +242,8 @@ pub fn apply_layers(
     options: &ExtractOptions,
 ) -> Result<Vec<LayerSummary>, BenchError> {
     let window = rpull::DEFAULT_MAX_CONCURRENT_DOWNLOADS.max(1);
-    // As the pipeline does: one gate on inode creation for all layers, except on tmpfs.
+    // As the pipeline does: one gate on inode creation for all layers, except in memory (tmpfs,
+    // ramfs).
     let options = &ExtractOptions {
         create_gate: CreateGate::shared_for(options.create_gate.as_ref(), root),
         ..options.clone()
