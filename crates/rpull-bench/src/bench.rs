@@ -34,9 +34,9 @@ pub const DISK_DIR: &str = "/var/tmp";
 pub enum Destination {
     /// This directory (replaced by each pull, left in place at the end).
     Dir(PathBuf),
-    /// A temporary directory on tmpfs ([`TMPFS_DIR`]).
+    /// A temporary directory on tmpfs (`/dev/shm`).
     Tmpfs,
-    /// A temporary directory on disk ([`DISK_DIR`]).
+    /// A temporary directory on disk (`/var/tmp`).
     Disk,
 }
 

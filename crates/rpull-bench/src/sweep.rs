@@ -87,7 +87,7 @@ fn dedup_notes(notes: &mut Vec<String>) {
 
 /// End-to-end pulls into `dir` at each `--max-concurrent-downloads` value. Each run waits for a
 /// child process, so this is called on a blocking thread of the tokio runtime (`spawn_blocking`),
-/// where it drives [`sweep`] with `Handle::block_on`.
+/// where it drives the async sweep with `Handle::block_on`.
 pub fn concurrency_sweep(
     pull: &PullCommand,
     reference: &str,

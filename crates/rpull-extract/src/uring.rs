@@ -5,9 +5,10 @@
 //! buffers the backend owns and queued as positioned WRITEs ([`BUFFER_SIZE`], 256 KiB, each; at
 //! most [`MAX_IN_FLIGHT_BYTES`] in flight). The kernel takes many of them per `io_uring_enter`;
 //! on tmpfs and ext4 buffered writes are run by io_uring's worker threads, so the copy into the
-//! page cache runs on another core while the next entries are parsed. When a file's writes have completed,
-//! its metadata (owner, mode, xattrs, mtime: io_uring has no operation for them) is applied
-//! through its own descriptor, which is then closed by a CLOSE batched into the next submission.
+//! page cache runs on another core while the next entries are parsed. When a file's writes have
+//! completed, its metadata (owner, mode, xattrs, mtime: io_uring has no operation for them) is
+//! applied through its own descriptor, which is then closed by a CLOSE batched into the next
+//! submission.
 //! Applying metadata through the descriptor rather than by name keeps later entries that replace
 //! the name, or its directory, from being affected.
 //!
