@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 mod auth;
+mod background;
 mod blob;
 mod client;
 mod credentials;
@@ -17,6 +18,7 @@ mod ranged;
 mod reference;
 mod transport;
 
+pub use background::BackgroundVerifier;
 pub use blob::BlobStream;
 pub use client::{Client, ClientBuilder};
 pub use credentials::{CredentialError, CredentialStore, Credentials};

@@ -13,7 +13,7 @@ use rpull_decompress::Codec;
 use rpull_extract::{
     CreateGate, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
 };
-use rpull_registry::{Descriptor, DigestVerifier, Reference};
+use rpull_registry::{BackgroundVerifier, Descriptor, Reference};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -489,16 +489,18 @@ async fn download(
     let mut stream = blob_stream(puller, repository, descriptor)
         .await
         .map_err(download_error)?;
-    let mut verifier = DigestVerifier::new(&descriptor.digest, Some(descriptor.size));
+    // Hashed on another thread: receiving and hashing a fast blob would each take most of a
+    // core (docs/design.md, "Hashing beside the receive").
+    let mut verifier = BackgroundVerifier::spawn(&descriptor.digest, Some(descriptor.size));
     let (mut downloaded, mut reported) = (0u64, 0u64);
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(download_error)?;
-        verifier.update(&chunk);
+        verifier.update(chunk.clone()).await;
         downloaded += chunk.len() as u64;
-        if downloaded > descriptor.size {
+        if verifier.overran() {
             // A registry that sends more than the descriptor says is stopped right away.
             return Err(verify_error(
-                verifier.finish().expect_err("size already exceeded"),
+                verifier.finish().await.expect_err("size already exceeded"),
             ));
         }
         if downloaded - reported >= PROGRESS_STEP {
@@ -521,7 +523,7 @@ async fn download(
         downloaded,
         total: descriptor.size,
     });
-    verifier.finish().map_err(verify_error)?;
+    verifier.finish().await.map_err(verify_error)?;
     puller.emit(PullEvent::LayerState {
         index,
         digest: descriptor.digest.clone(),

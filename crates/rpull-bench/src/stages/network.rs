@@ -1,9 +1,10 @@
 //! `network` and `network-ranged`: every blob of the image fetched at once, digest and size
-//! verified as the bytes pass, the bytes discarded.
+//! verified as the bytes pass (hashed on a thread of its own, as a pull does), the bytes
+//! discarded.
 
 use futures_util::StreamExt as _;
 use rpull::Reference;
-use rpull::registry::{Client, Descriptor, DigestVerifier};
+use rpull::registry::{BackgroundVerifier, Client, Descriptor};
 use tokio::task::JoinSet;
 use tracing::{debug, instrument};
 
@@ -53,7 +54,7 @@ pub async fn network(
         }
     };
     let description = format!(
-        "every blob ({} layers + config, {total} bytes) fetched at once, {how}; sha256 and size verified, bytes discarded",
+        "every blob ({} layers + config, {total} bytes) fetched at once, {how}; sha256 (on a thread of its own, as a pull) and size verified, bytes discarded",
         image.resolved.layers.len()
     );
     let mut samples = Vec::with_capacity(runs);
@@ -109,18 +110,21 @@ async fn fetch_blob(
         .get_blob(reference, &blob.digest)
         .await
         .map_err(fetch_error)?;
-    let mut verifier = DigestVerifier::new(&blob.digest, Some(blob.size));
+    let mut verifier = BackgroundVerifier::spawn(&blob.digest, Some(blob.size));
     while let Some(chunk) = stream.next().await {
-        verifier.update(&chunk.map_err(fetch_error)?);
+        verifier.update(chunk.map_err(fetch_error)?).await;
         if verifier.overran() {
             break;
         }
     }
     let seen = verifier.bytes_seen();
-    verifier.finish().map_err(|source| BenchError::Verify {
-        digest: blob.digest.clone(),
-        source,
-    })?;
+    verifier
+        .finish()
+        .await
+        .map_err(|source| BenchError::Verify {
+            digest: blob.digest.clone(),
+            source,
+        })?;
     debug!(bytes = seen, "blob verified");
     Ok(seen)
 }
@@ -146,14 +150,17 @@ async fn fetch_blob_ranged(
     // transient errors), so the stage measures what users get.
     let mut chunks =
         client.get_blob_ranged(reference, &blob.digest, blob.size, chunk, RANGE_WINDOW);
-    let mut verifier = DigestVerifier::new(&blob.digest, Some(blob.size));
+    let mut verifier = BackgroundVerifier::spawn(&blob.digest, Some(blob.size));
     while let Some(piece) = chunks.next().await {
-        verifier.update(&piece.map_err(fetch_error)?);
+        verifier.update(piece.map_err(fetch_error)?).await;
     }
     let seen = verifier.bytes_seen();
-    verifier.finish().map_err(|source| BenchError::Verify {
-        digest: blob.digest.clone(),
-        source,
-    })?;
+    verifier
+        .finish()
+        .await
+        .map_err(|source| BenchError::Verify {
+            digest: blob.digest.clone(),
+            source,
+        })?;
     Ok(seen)
 }
