@@ -1,6 +1,7 @@
 //! rpull-registry: the OCI Distribution protocol for rpull — references, digests, platforms,
 //! transport (HTTPS / HTTP / TLS options / proxies), auth (challenges, token cache, docker and
-//! podman credential files, credential helpers), manifest resolution, streaming blob GET, and push.
+//! podman credential files, credential helpers), manifest resolution, streaming blob GET, digest
+//! verification as bytes arrive (inline, or on a blocking-pool thread), and push.
 
 #![warn(missing_docs)]
 
