@@ -2,7 +2,8 @@
 //! verified as the bytes pass (hashed on a thread of its own, as a pull does), the bytes
 //! discarded.
 
-use futures_util::StreamExt as _;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt as _};
 use rpull::Reference;
 use rpull::registry::{BackgroundVerifier, Client, Descriptor};
 use tokio::task::JoinSet;
@@ -106,25 +107,11 @@ async fn fetch_blob(
         range: None,
         source: Box::new(source),
     };
-    let mut stream = client
+    let stream = client
         .get_blob(reference, &blob.digest)
         .await
         .map_err(fetch_error)?;
-    let mut verifier = BackgroundVerifier::spawn(&blob.digest, Some(blob.size));
-    while let Some(chunk) = stream.next().await {
-        verifier.update(chunk.map_err(fetch_error)?).await;
-        if verifier.overran() {
-            break;
-        }
-    }
-    let seen = verifier.bytes_seen();
-    verifier
-        .finish()
-        .await
-        .map_err(|source| BenchError::Verify {
-            digest: blob.digest.clone(),
-            source,
-        })?;
+    let seen = verify_stream(blob, stream, fetch_error).await?;
     debug!(bytes = seen, "blob verified");
     Ok(seen)
 }
@@ -148,11 +135,24 @@ async fn fetch_blob_ranged(
     };
     // The same ranged download `rpull pull --chunk-size` runs (in order, each range retried on
     // transient errors), so the stage measures what users get.
-    let mut chunks =
-        client.get_blob_ranged(reference, &blob.digest, blob.size, chunk, RANGE_WINDOW);
+    let chunks = client.get_blob_ranged(reference, &blob.digest, blob.size, chunk, RANGE_WINDOW);
+    verify_stream(blob, chunks, fetch_error).await
+}
+
+/// Feeds `stream` to a verifier of `blob` (hashed on a thread of its own, as a pull does) and
+/// returns the bytes seen; stops as soon as more than the blob's size has arrived.
+async fn verify_stream<E>(
+    blob: &Descriptor,
+    stream: impl Stream<Item = Result<Bytes, E>>,
+    fetch_error: impl Fn(E) -> BenchError,
+) -> Result<u64, BenchError> {
+    let mut stream = std::pin::pin!(stream);
     let mut verifier = BackgroundVerifier::spawn(&blob.digest, Some(blob.size));
-    while let Some(piece) = chunks.next().await {
-        verifier.update(piece.map_err(fetch_error)?).await;
+    while let Some(chunk) = stream.next().await {
+        verifier.update(chunk.map_err(&fetch_error)?).await;
+        if verifier.overran() {
+            break;
+        }
     }
     let seen = verifier.bytes_seen();
     verifier
