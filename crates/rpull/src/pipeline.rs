@@ -492,17 +492,17 @@ async fn download(
     // Hashed on another thread: receiving and hashing a fast blob would each take most of a
     // core (docs/design.md, "Hashing beside the receive").
     let mut verifier = BackgroundVerifier::spawn(&descriptor.digest, Some(descriptor.size));
-    let (mut downloaded, mut reported) = (0u64, 0u64);
+    let mut reported = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(download_error)?;
         verifier.update(chunk.clone()).await;
-        downloaded += chunk.len() as u64;
         if verifier.overran() {
             // A registry that sends more than the descriptor says is stopped right away.
             return Err(verify_error(
                 verifier.finish().await.expect_err("size already exceeded"),
             ));
         }
+        let downloaded = verifier.bytes_seen();
         if downloaded - reported >= PROGRESS_STEP {
             reported = downloaded;
             puller.emit(PullEvent::LayerProgress {
@@ -520,7 +520,7 @@ async fn download(
     }
     puller.emit(PullEvent::LayerProgress {
         index,
-        downloaded,
+        downloaded: verifier.bytes_seen(),
         total: descriptor.size,
     });
     verifier.finish().await.map_err(verify_error)?;
