@@ -24,7 +24,7 @@ mod uring;
 pub use backend::{FileMetadata, IoBackend, NewFile, StdBackend};
 pub use error::ExtractError;
 pub use extract::extract_layer;
-pub use filesystem::{filesystem_type, in_memory_filesystem};
+pub use filesystem::{filesystem_type, in_memory_filesystem, parallel_creation_scales};
 pub use finalize::finalize_tree;
 pub use merge::merge_layer;
 pub use options::{CreateGate, ExtractOptions, IoBackendKind};

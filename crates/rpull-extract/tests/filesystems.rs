@@ -1,0 +1,139 @@
+//! The pipeline's choices per file system, on real file systems: ext4 with and without a journal,
+//! each made with `mkfs.ext4` in a file and loop-mounted (as root; skipped otherwise, saying so).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Layer, is_root, snapshot};
+use rpull_extract::{
+    CreateGate, ExtractOptions, extract_layer, finalize_tree, parallel_creation_scales,
+};
+
+/// An ext4 file system made in a file under a temporary directory and mounted on another; it is
+/// unmounted (and its loop device released) when dropped.
+struct LoopExt4 {
+    mount_point: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl LoopExt4 {
+    /// `Err` names why it could not be made, for the skip message.
+    fn new(journal: bool) -> Result<Self, String> {
+        // On the disk, not in /tmp: the image must not live on the file system it stands for.
+        let dir = tempfile::Builder::new()
+            .prefix("rpull-fs-test")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .map_err(|e| e.to_string())?;
+        let image = dir.path().join("ext4.img");
+        std::fs::File::create(&image)
+            .and_then(|file| file.set_len(32 << 20))
+            .map_err(|e| e.to_string())?;
+        let features = if journal {
+            "has_journal"
+        } else {
+            "^has_journal"
+        };
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-O", features])
+            .arg(&image))?;
+        let mount_point = dir.path().join("mnt");
+        std::fs::create_dir(&mount_point).map_err(|e| e.to_string())?;
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(&mount_point))?;
+        Ok(Self {
+            mount_point,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for LoopExt4 {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount_point).status();
+    }
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let output = command.output().map_err(|e| format!("{command:?}: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{command:?}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// Whether jbd2 runs a journal for the device of the file system mounted at `mount_point`, as
+/// procfs says (`/proc/fs/jbd2/DEVICE-8`, 8 being the journal's inode): a second source beside
+/// the sysfs file `parallel_creation_scales` reads.
+fn jbd2_journal(mount_point: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let device = mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            Some((fields.next()?, fields.next()?))
+        })
+        .find(|(_, point)| Path::new(point) == mount_point)
+        .map(|(device, _)| device.trim_start_matches("/dev/").to_owned())
+        .expect("the mount is in /proc/self/mounts");
+    Path::new(&format!("/proc/fs/jbd2/{device}-8")).is_dir()
+}
+
+#[test]
+fn ext4_with_a_journal_gets_write_threads_and_no_gate_and_without_one_neither() {
+    if !is_root() {
+        eprintln!("skipped: mounting a loop ext4 needs root");
+        return;
+    }
+    let (journaled, plain) = match (LoopExt4::new(true), LoopExt4::new(false)) {
+        (Ok(journaled), Ok(plain)) => (journaled, plain),
+        (Err(why), _) | (_, Err(why)) => {
+            // A container without loop devices or CAP_SYS_ADMIN.
+            eprintln!("skipped: cannot make a loop ext4: {why}");
+            return;
+        }
+    };
+    let auto = ExtractOptions::for_current_user();
+
+    assert!(jbd2_journal(&journaled.mount_point));
+    assert_eq!(parallel_creation_scales(&journaled.mount_point), Some(true));
+    assert_eq!(
+        auto.write_threads_for(&journaled.mount_point),
+        ExtractOptions::default_write_threads()
+    );
+    assert_eq!(CreateGate::for_target(&journaled.mount_point), None);
+
+    assert!(!jbd2_journal(&plain.mount_point));
+    assert_eq!(parallel_creation_scales(&plain.mount_point), Some(false));
+    assert_eq!(auto.write_threads_for(&plain.mount_point), 1);
+    assert!(CreateGate::for_target(&plain.mount_point).is_some());
+
+    // A layer of small files applied with those defaults gives the same tree on both, gate and
+    // write threads or not.
+    let mut layer = Layer::new().dir("etc", 0o755);
+    for d in 0..4 {
+        layer = layer.files_in(&format!("d{d}"), 300);
+    }
+    let tar = layer.bytes();
+    let mut trees = Vec::new();
+    for fs in [&journaled, &plain] {
+        let root = fs.mount_point.join("rootfs");
+        std::fs::create_dir(&root).unwrap();
+        let options = ExtractOptions {
+            create_gate: CreateGate::for_target(&root),
+            ..auto.clone()
+        };
+        let summary = extract_layer(tar.as_slice(), &root, &options).unwrap();
+        assert_eq!(summary.files, 1200);
+        finalize_tree(&root, &[summary], &options).unwrap();
+        trees.push(snapshot(&root));
+    }
+    assert_eq!(trees[0], trees[1]);
+}
