@@ -108,10 +108,10 @@ pub(crate) async fn pull(
     // The biggest layer is the pipeline's critical path: the others run their decode and extract
     // threads at a lower priority, filling the cores around it instead of taking turns with it.
     let critical = critical_layer(&image.layers.iter().map(|l| l.size).collect::<Vec<_>>());
-    // Layers extracted at once into ext4 without a journal contend in its inode allocator: one
-    // gate for the whole pull makes their inodes one at a time there, and on every file system
-    // where creating from several threads was not measured faster (not on tmpfs, ramfs or ext4
-    // with a journal), unless the caller gave a gate.
+    // Layers extracted at once into ext4 without a journal contend in its inode allocator. One
+    // gate for the whole pull makes their inodes one at a time on every file system but those
+    // where creating from several threads was measured faster (tmpfs, ramfs, ext4 with a
+    // journal), unless the caller gave a gate.
     let create_gate =
         CreateGate::shared_for(options.extract.create_gate.as_ref(), &staging.rootfs());
     debug!(
