@@ -50,13 +50,18 @@ fn statfs_magic(path: &Path) -> Option<u64> {
 /// thread in `/sys/fs/ext4/DEVICE/journal_task`, and writes `<none>` there without one. `None`
 /// when that cannot be read (no sysfs, a device sysfs does not name).
 fn ext4_has_journal(path: &Path) -> Option<bool> {
-    let device = rustix::fs::stat(path).ok()?.st_dev;
-    let (major, minor) = (rustix::fs::major(device), rustix::fs::minor(device));
-    // The file system's device as the kernel names it (`vda`, `nvme0n1p2`, `dm-0`, `loop0`).
-    let link = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
-    let name = link.file_name()?.to_str()?;
+    let name = block_device_name(path)?;
     let task = std::fs::read_to_string(format!("/sys/fs/ext4/{name}/journal_task")).ok()?;
     Some(task.trim() != "<none>")
+}
+
+/// The block device holding `path`'s file system as the kernel names it (`vda`, `nvme0n1p2`,
+/// `dm-0`, `loop0`), from its device number and `/sys/dev/block`.
+fn block_device_name(path: &Path) -> Option<String> {
+    let device = rustix::fs::stat(path).ok()?.st_dev;
+    let (major, minor) = (rustix::fs::major(device), rustix::fs::minor(device));
+    let link = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    Some(link.file_name()?.to_str()?.to_owned())
 }
 
 /// The type of the file system holding `path` (`ext4`, `tmpfs`, ...), from `/proc/self/mounts`
@@ -115,10 +120,7 @@ mod tests {
         // and without a journal: tests/filesystems.rs.
         let checkout = Path::new(env!("CARGO_MANIFEST_DIR"));
         if filesystem_type(checkout).as_deref() == Some("ext4") {
-            let device = rustix::fs::stat(checkout).unwrap().st_dev;
-            let (major, minor) = (rustix::fs::major(device), rustix::fs::minor(device));
-            let name = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).unwrap();
-            let name = name.file_name().unwrap().to_str().unwrap();
+            let name = block_device_name(checkout).unwrap();
             let journal = Path::new(&format!("/proc/fs/jbd2/{name}-8")).is_dir();
             assert_eq!(parallel_creation_scales(checkout), Some(journal));
         }
