@@ -117,7 +117,8 @@ pub(crate) async fn pull(
     debug!(
         parallel_creation = ?rpull_extract::parallel_creation_scales(&staging.rootfs()),
         gate = create_gate.is_some(),
-        write_threads = options.extract.write_threads_for(&staging.rootfs()),
+        backend = ?options.extract.backend,
+        write_threads_with_std = options.extract.write_threads_for(&staging.rootfs()),
         "inode creation"
     );
     for (index, (descriptor, codec)) in image.layers.iter().zip(codecs).enumerate() {
