@@ -3,6 +3,8 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::Timespec;
 use rustix::fs::{AtFlags, Gid, Mode, Timestamps, Uid, XattrFlags};
@@ -178,17 +180,20 @@ impl Creation {
 }
 
 /// Decides what happens when the file system refuses an xattr, and warns once.
-#[derive(Debug)]
+///
+/// Clones share the "warned once" state, so threads working for one layer (or one finalize) warn
+/// once between them.
+#[derive(Debug, Clone)]
 pub(crate) struct XattrPolicy {
     chown: bool,
-    warned: bool,
+    warned: Arc<AtomicBool>,
 }
 
 impl XattrPolicy {
     pub(crate) fn new(chown: bool) -> Self {
         Self {
             chown,
-            warned: false,
+            warned: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -207,10 +212,9 @@ impl XattrPolicy {
             return Err(io_error(entry, "setting extended attribute", errno));
         }
         let name = String::from_utf8_lossy(xattr);
-        if self.warned {
+        if self.warned.swap(true, Ordering::Relaxed) {
             tracing::debug!(entry = %crate::resolve::lossy(entry), xattr = %name, %errno, "extended attribute not stored");
         } else {
-            self.warned = true;
             tracing::warn!(
                 entry = %crate::resolve::lossy(entry), xattr = %name, %errno,
                 "the file system refused an extended attribute; further refusals in this layer are logged at debug level"

@@ -142,17 +142,32 @@ impl Tree {
         }
         walk_beneath(self.root.as_fd(), dir, None, entry)
     }
+
+    /// The directory at `path` opened with `flags` by one `openat2` confined beneath the root
+    /// (`RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS`; `flags` should hold `O_NOFOLLOW` when the final
+    /// component must not be a symlink). Any error, including an absolute symlink on the way that
+    /// the root would confine, is only a "not this way": callers fall back to
+    /// [`Tree::lookup_dir`] and an `openat` of the name, which give the authoritative answer.
+    pub(crate) fn open_beneath_with(&self, path: &[u8], flags: OFlags) -> Result<OwnedFd, Errno> {
+        openat2_beneath(self.root.as_fd(), path, flags)
+    }
 }
 
 /// `openat2(dir, path, O_PATH|O_DIRECTORY, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS)`.
 fn open_beneath(dir: BorrowedFd<'_>, path: &[u8]) -> Result<OwnedFd, Errno> {
+    openat2_beneath(dir, path, DIR_PATH_FLAGS)
+}
+
+/// `openat2(dir, path, flags, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS)`; `ENOSYS` once openat2 was
+/// found missing.
+fn openat2_beneath(dir: BorrowedFd<'_>, path: &[u8], flags: OFlags) -> Result<OwnedFd, Errno> {
     if OPENAT2_UNAVAILABLE.load(Ordering::Relaxed) {
         return Err(Errno::NOSYS);
     }
     let result = rustix::fs::openat2(
         dir,
         path,
-        DIR_PATH_FLAGS,
+        flags,
         Mode::empty(),
         ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
     );

@@ -13,6 +13,7 @@ backend_tests!(
     permission_bits_including_setuid_setgid_sticky,
     mtimes_of_files_symlinks_and_directories,
     read_only_directories_still_receive_children,
+    metadata_of_many_directories_shared_among_threads,
     owners_when_chown,
     xattrs_from_pax_records,
     special_files_created_or_skipped,
@@ -363,6 +364,106 @@ fn read_only_directories_still_receive_children() {
     )
     .unwrap();
     fs::set_permissions(sandbox.root.join("ro"), fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+/// Enough directories at one depth for `finalize_tree` to share them among threads (more than
+/// 128 per thread), each with its own mode and mtime, under read-only parents, plus one reached
+/// through an absolute symlink (the slower lookup that confines it to the root).
+fn metadata_of_many_directories_shared_among_threads() {
+    const COUNT: usize = 600;
+    const MODES: [u32; 4] = [0o755, 0o750, 0o500, 0o711];
+    let sandbox = Sandbox::new();
+    let mut layer = Layer::new();
+    let mtime = |seconds: usize| seconds.to_string().into_bytes();
+    layer.entry(
+        EntryType::Directory,
+        b"many",
+        None,
+        0o555,
+        b"",
+        &[("mtime", &mtime(1_000_000_000))],
+    );
+    for index in 0..COUNT {
+        let dir = format!("many/d{index:03}");
+        let mode = MODES[index % MODES.len()];
+        layer.entry(
+            EntryType::Directory,
+            dir.as_bytes(),
+            None,
+            mode,
+            b"",
+            &[("mtime", &mtime(1_500_000_000 + index))],
+        );
+        let sub = format!("{dir}/s");
+        layer.entry(
+            EntryType::Directory,
+            sub.as_bytes(),
+            None,
+            0o555,
+            b"",
+            &[("mtime", &mtime(1_600_000_000 + index))],
+        );
+        layer.entry(
+            EntryType::Regular,
+            format!("{sub}/file").as_bytes(),
+            None,
+            0o444,
+            index.to_string().as_bytes(),
+            &[],
+        );
+    }
+    layer.entry(
+        EntryType::Symlink,
+        b"abs",
+        Some(b"/many/d001"),
+        0o777,
+        b"",
+        &[],
+    );
+    layer.entry(
+        EntryType::Directory,
+        b"abs/inner",
+        None,
+        0o701,
+        b"",
+        &[("mtime", &mtime(1_700_000_000))],
+    );
+    let summary = extract_layer(layer.bytes().as_slice(), &sandbox.root, &plain_options()).unwrap();
+    finalize_tree(&sandbox.root, &[summary], &plain_options()).unwrap();
+
+    let metadata = |name: &str| fs::symlink_metadata(sandbox.root.join(name)).unwrap();
+    let mode_and_mtime = |name: &str| {
+        let metadata = metadata(name);
+        (metadata.permissions().mode() & 0o7777, metadata.mtime())
+    };
+    assert_eq!(mode_and_mtime("many"), (0o555, 1_000_000_000));
+    for index in 0..COUNT {
+        let dir = format!("many/d{index:03}");
+        let expected = (MODES[index % MODES.len()], 1_500_000_000 + index as i64);
+        assert_eq!(mode_and_mtime(&dir), expected, "{dir}");
+        assert_eq!(
+            mode_and_mtime(&format!("{dir}/s")),
+            (0o555, 1_600_000_000 + index as i64),
+            "{dir}/s"
+        );
+        assert_eq!(
+            fs::read_to_string(sandbox.root.join(format!("{dir}/s/file"))).unwrap(),
+            index.to_string()
+        );
+    }
+    assert!(metadata("abs").file_type().is_symlink());
+    assert_eq!(
+        mode_and_mtime("many/d001/inner"),
+        (0o701, 1_700_000_000),
+        "through the absolute symlink"
+    );
+    // Let the temp dir clean up.
+    for index in 0..COUNT {
+        let dir = sandbox.root.join(format!("many/d{index:03}"));
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::set_permissions(dir.join("s"), fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    fs::set_permissions(sandbox.root.join("many"), fs::Permissions::from_mode(0o700)).unwrap();
 }
 
 fn owners_when_chown() {
