@@ -77,6 +77,30 @@ fn tls_registry_without_ca_cert_fails_with_a_certificate_error() {
 }
 
 #[test]
+fn tls_registry_trusted_by_the_system_roots_works() {
+    // The platform verifier's roots (loaded on a thread of their own since the client no longer
+    // waits for them at start) are where a CA the system trusts comes from; rustls-native-certs
+    // takes them from SSL_CERT_FILE when it is set, as OpenSSL does.
+    let (registry, reference) = start(RegistryOptions::tls());
+    let sandbox = Sandbox::new();
+    let dest = sandbox.join("rootfs");
+    let ca = registry.ca_cert_path().expect("a TLS registry has a CA");
+    let outcome = sandbox
+        .rpull()
+        .env("SSL_CERT_FILE", ca)
+        .args(["-v", "pull"])
+        .arg(&reference)
+        .arg(&dest)
+        .run();
+    outcome.success();
+    assert_small_image(&dest);
+    assert!(
+        outcome.stderr.contains("root certificates loaded"),
+        "{outcome}"
+    );
+}
+
+#[test]
 fn tls_registry_with_insecure_works() {
     let (_registry, reference) = start(RegistryOptions::tls());
     let sandbox = Sandbox::new();

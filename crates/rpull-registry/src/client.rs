@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use reqwest::header::{RETRY_AFTER, WWW_AUTHENTICATE};
 use reqwest::{Response, StatusCode};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use tracing::debug;
 
 use crate::auth::{Challenge, TokenCache, fetch_token, parse_challenges};
@@ -114,22 +116,15 @@ impl ClientBuilder {
             // for host names only, not for IP addresses such as 127.0.0.1.
             http = http.no_proxy();
         }
+        let mut extra_roots = Vec::new();
         for path in &self.ca_certs {
-            let pem = std::fs::read(path).map_err(|e| Error::CaCert {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| Error::CaCert {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-            if certs.is_empty() {
-                return Err(Error::CaCert {
-                    path: path.clone(),
-                    message: "no PEM certificate in file".to_owned(),
-                });
-            }
-            http = http.tls_certs_merge(certs);
+            extra_roots.extend(read_ca_certs(path)?);
+        }
+        if !self.insecure {
+            // The platform's verifier as reqwest would build it, its roots loaded on a thread
+            // instead of before the first request (crate::tls).
+            let config = crate::tls::client_config(extra_roots).map_err(Error::TlsSetup)?;
+            http = http.tls_backend_preconfigured(config);
         }
         let http = http.build().map_err(Error::ClientBuild)?;
         Ok(Client {
@@ -145,6 +140,22 @@ impl ClientBuilder {
             }),
         })
     }
+}
+
+/// The certificates of the PEM file at `path`, for `--ca-cert`.
+fn read_ca_certs(path: &PathBuf) -> Result<Vec<CertificateDer<'static>>, Error> {
+    let failed = |message: String| Error::CaCert {
+        path: path.clone(),
+        message,
+    };
+    let pem = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| failed(format!("not a PEM certificate bundle: {e}")))?;
+    if certs.is_empty() {
+        return Err(failed("no PEM certificate in file".to_owned()));
+    }
+    Ok(certs)
 }
 
 /// A registry client. Cheap to clone (shared connection pool, token cache and scheme memory).

@@ -192,6 +192,10 @@ pub enum Error {
     /// Building the HTTP client failed.
     #[error("building the HTTP client: {0}")]
     ClientBuild(#[source] reqwest::Error),
+
+    /// Building the client's TLS configuration failed.
+    #[error("setting up TLS for the HTTP client: {0}")]
+    TlsSetup(#[source] rustls::Error),
 }
 
 impl Error {

@@ -17,6 +17,7 @@ mod platform;
 mod push;
 mod ranged;
 mod reference;
+mod tls;
 mod transport;
 
 pub use background::BackgroundVerifier;
