@@ -9,7 +9,7 @@
 //! certificate to verify; everything else of the configuration is what reqwest would build.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -80,7 +80,11 @@ impl LazyPlatformVerifier {
     /// The verifier, once its roots are loaded (waiting for them the first time).
     fn verifier(&self) -> Result<&Verifier, rustls::Error> {
         let loaded = self.loaded.get_or_init(|| {
-            let handle = self.loading.lock().ok().and_then(|mut slot| slot.take());
+            let handle = self
+                .loading
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
             match handle {
                 Some(handle) => handle.join().unwrap_or_else(|_| {
                     Err(rustls::Error::General(
@@ -91,8 +95,8 @@ impl LazyPlatformVerifier {
                     let roots = self
                         .extra_roots
                         .lock()
-                        .ok()
-                        .and_then(|mut slot| slot.take())
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take()
                         .unwrap_or_default();
                     load(roots, self.provider.clone())
                 }
