@@ -43,37 +43,38 @@ type Loaded = Result<Arc<Verifier>, rustls::Error>;
 /// first needed.
 pub(crate) struct LazyPlatformVerifier {
     provider: Arc<CryptoProvider>,
+    /// The loading thread, until the first verification joins it.
     loading: Mutex<Option<JoinHandle<Loaded>>>,
-    /// Kept for a load that could not be started on a thread: done at first use instead.
-    extra_roots: Mutex<Option<Vec<CertificateDer<'static>>>>,
     loaded: OnceLock<Loaded>,
 }
 
 impl LazyPlatformVerifier {
-    /// Starts loading the platform's roots (and `extra_roots`) on a thread.
+    /// Starts loading the platform's roots (and `extra_roots`) on a thread; where no thread can
+    /// be started, loads them now, as reqwest would.
     pub(crate) fn start(
         extra_roots: Vec<CertificateDer<'static>>,
         provider: Arc<CryptoProvider>,
     ) -> Self {
-        let load = {
+        let background = {
             let (roots, provider) = (extra_roots.clone(), provider.clone());
             move || load(roots, provider)
         };
-        let (loading, extra_roots) = match std::thread::Builder::new()
+        let loaded = OnceLock::new();
+        let loading = match std::thread::Builder::new()
             .name("rpull-tls-roots".to_owned())
-            .spawn(load)
+            .spawn(background)
         {
-            Ok(handle) => (Some(handle), None),
+            Ok(handle) => Some(handle),
             Err(error) => {
-                tracing::debug!(%error, "no thread for loading the root certificates; loading them at first use");
-                (None, Some(extra_roots))
+                tracing::debug!(%error, "no thread for loading the root certificates; loading them now");
+                let _ = loaded.set(load(extra_roots, provider.clone()));
+                None
             }
         };
         Self {
             provider,
             loading: Mutex::new(loading),
-            extra_roots: Mutex::new(extra_roots),
-            loaded: OnceLock::new(),
+            loaded,
         }
     }
 
@@ -85,22 +86,17 @@ impl LazyPlatformVerifier {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
-            match handle {
-                Some(handle) => handle.join().unwrap_or_else(|_| {
-                    Err(rustls::Error::General(
-                        "loading the root certificates panicked".to_owned(),
-                    ))
-                }),
-                None => {
-                    let roots = self
-                        .extra_roots
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .take()
-                        .unwrap_or_default();
-                    load(roots, self.provider.clone())
-                }
-            }
+            // `loaded` is set whenever no thread was started, so a handle is always there.
+            let Some(handle) = handle else {
+                return Err(rustls::Error::General(
+                    "the root certificates were not loaded".to_owned(),
+                ));
+            };
+            handle.join().unwrap_or_else(|_| {
+                Err(rustls::Error::General(
+                    "loading the root certificates panicked".to_owned(),
+                ))
+            })
         });
         match loaded {
             Ok(verifier) => Ok(verifier),
