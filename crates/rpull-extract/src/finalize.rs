@@ -91,15 +91,7 @@ pub fn finalize_tree(
     // running as root.
     let policy = XattrPolicy::new(options.chown);
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut rest = ordered.as_slice();
-    while let Some(&(first, _)) = rest.first() {
-        let level_depth = depth(first);
-        let end = rest
-            .iter()
-            .position(|&(path, _)| depth(path) != level_depth)
-            .unwrap_or(rest.len());
-        let (level, shallower) = rest.split_at(end);
-        rest = shallower;
+    for level in ordered.chunk_by(|a, b| depth(a.0) == depth(b.0)) {
         finalize_level(&tree, level, options.chown, &policy, workers)?;
     }
     Ok(())
