@@ -108,9 +108,10 @@ fn finalize_level(
     policy: &XattrPolicy,
     workers: usize,
 ) -> Result<(), ExtractError> {
+    let apply = |directories| finalize_directories(tree, directories, chown, &mut policy.clone());
     let workers = workers.min(level.len() / DIRECTORIES_PER_THREAD).max(1);
     if workers == 1 {
-        return finalize_directories(tree, level, chown, &mut policy.clone());
+        return apply(level);
     }
     let share = level.len().div_ceil(workers);
     std::thread::scope(|scope| {
@@ -119,23 +120,16 @@ fn finalize_level(
         let mut results = Vec::with_capacity(workers);
         let mut spawned = Vec::with_capacity(workers);
         for directories in shares {
-            let mut thread_policy = policy.clone();
-            let work = move || finalize_directories(tree, directories, chown, &mut thread_policy);
             match std::thread::Builder::new()
                 .name("rpull-finalize".to_owned())
-                .spawn_scoped(scope, work)
+                .spawn_scoped(scope, move || apply(directories))
             {
                 Ok(handle) => spawned.push(handle),
                 // No thread to be had: this one does the share.
-                Err(_) => results.push(finalize_directories(
-                    tree,
-                    directories,
-                    chown,
-                    &mut policy.clone(),
-                )),
+                Err(_) => results.push(apply(directories)),
             }
         }
-        results.push(finalize_directories(tree, own, chown, &mut policy.clone()));
+        results.push(apply(own));
         for handle in spawned {
             results.push(
                 handle
