@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -143,9 +143,9 @@ impl ClientBuilder {
 }
 
 /// The certificates of the PEM file at `path`, for `--ca-cert`.
-fn read_ca_certs(path: &PathBuf) -> Result<Vec<CertificateDer<'static>>, Error> {
+fn read_ca_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, Error> {
     let failed = |message: String| Error::CaCert {
-        path: path.clone(),
+        path: path.to_owned(),
         message,
     };
     let pem = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
