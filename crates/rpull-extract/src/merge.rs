@@ -14,7 +14,7 @@ use crate::backend::{IoBackend, new_backend};
 use crate::error::{ExtractError, invalid, io_error};
 use crate::name::split_parent;
 use crate::options::ExtractOptions;
-use crate::remove::{list_dir, remove_all_at, remove_children};
+use crate::remove::{Listed, list_dir, list_dir_typed, remove_all_at, remove_children};
 use crate::resolve::{Tree, file_type_at, lossy, walk_beneath};
 use crate::summary::{LayerSummary, MergeStats};
 
@@ -32,12 +32,14 @@ const DIR_READ_FLAGS: OFlags = OFlags::RDONLY
 /// 2. opaque directories have their content in the root removed (resolved the same way; an opaque
 ///    directory that has no entry of its own in the layer follows a symlink in the root, as
 ///    umoci does, while one with its own entry replaces the symlink and empties nothing),
-/// 3. staged entries move in: absent from the root -> one `rename` (a whole subtree at once);
-///    directory on both sides -> merged recursively; a directory created only as the parent of
-///    other entries (no entry of its own) over a symlink of the root -> the symlink is resolved
-///    inside the root and the directory's content merged into its target (docker and umoci write
-///    through such symlinks: `lib -> usr/lib` then `lib/libfoo.so`); anything else -> the root's
-///    entry is removed (recursively) and the staged one renamed in.
+/// 3. staged entries move in: a non-directory -> one `rename`, which replaces a non-directory of
+///    the root atomically (a directory of the root there is removed first); a directory absent
+///    from the root -> one `rename` (its whole subtree at once); a directory on both sides ->
+///    merged recursively; a directory created only as the parent of other entries (no entry of
+///    its own) over a symlink of the root -> the symlink is resolved inside the root and the
+///    directory's content merged into its target (docker and umoci write through such symlinks:
+///    `lib -> usr/lib` then `lib/libfoo.so`); a directory over anything else -> the root's entry
+///    is removed and the staged one renamed in.
 /// 4. deferred hardlinks are linked to their (earlier-layer) targets, replacing what is there.
 ///
 /// Paths on the way are always resolved inside the root: a symlink whose target climbs above it
@@ -187,15 +189,15 @@ impl Merge<'_, '_> {
         staged: BorrowedFd<'_>,
         path: &mut Vec<u8>,
     ) -> Result<(), ExtractError> {
-        let names =
-            list_dir(staged).map_err(|errno| io_error(path, "listing staged directory", errno))?;
-        for name in names {
+        let entries = list_dir_typed(staged)
+            .map_err(|errno| io_error(path, "listing staged directory", errno))?;
+        for entry in entries {
             let length = path.len();
             if !path.is_empty() {
                 path.push(b'/');
             }
-            path.extend_from_slice(name.to_bytes());
-            let result = self.merge_entry(root, staged, &name, path);
+            path.extend_from_slice(entry.name.to_bytes());
+            let result = self.merge_entry(root, staged, &entry, path);
             path.truncate(length);
             result?;
         }
@@ -206,9 +208,19 @@ impl Merge<'_, '_> {
         &mut self,
         root: BorrowedFd<'_>,
         staged: BorrowedFd<'_>,
-        name: &CStr,
+        entry: &Listed,
         path: &mut Vec<u8>,
     ) -> Result<(), ExtractError> {
+        let name = entry.name.as_c_str();
+        let staged_type = match entry.kind {
+            Some(kind) => Some(kind),
+            // The listing did not say (`DT_UNKNOWN`).
+            None => file_type_at(staged, name)
+                .map_err(|errno| io_error(path, "inspecting staged", errno))?,
+        };
+        if staged_type != Some(FileType::Directory) {
+            return self.move_non_directory(root, staged, name, path);
+        }
         match self.backend.rename(staged, name, root, name, true) {
             Ok(()) => {
                 self.stats.renamed += 1;
@@ -230,11 +242,9 @@ impl Merge<'_, '_> {
             Err(Errno::INVAL | Errno::NOSYS) => {}
             Err(errno) => return Err(io_error(path, "moving staged entry to", errno)),
         }
-        let staged_type = file_type_at(staged, name)
-            .map_err(|errno| io_error(path, "inspecting staged", errno))?;
         let root_type =
             file_type_at(root, name).map_err(|errno| io_error(path, "inspecting", errno))?;
-        if staged_type == Some(FileType::Directory) && root_type == Some(FileType::Directory) {
+        if root_type == Some(FileType::Directory) {
             let staged_child = rustix::fs::openat(staged, name, DIR_READ_FLAGS, Mode::empty())
                 .map_err(|errno| io_error(path, "opening staged directory", errno))?;
             let root_child = rustix::fs::openat(root, name, DIR_READ_FLAGS, Mode::empty())
@@ -242,20 +252,45 @@ impl Merge<'_, '_> {
             self.stats.merged_dirs += 1;
             return self.merge_dir(root_child.as_fd(), staged_child.as_fd(), path);
         }
-        if staged_type == Some(FileType::Directory)
-            && root_type == Some(FileType::Symlink)
-            && !self.explicit.contains(path.as_slice())
-        {
+        if root_type == Some(FileType::Symlink) && !self.explicit.contains(path.as_slice()) {
             return self.merge_through_symlink(staged, name, path);
         }
-        // Anything else replaces what the root has (an explicit directory entry replaces a symlink,
-        // as moby's createTarFile does). A non-directory over a non-directory is one atomic rename;
-        // otherwise the root's entry has to go first (rename cannot swap kinds).
-        if root_type == Some(FileType::Directory) || staged_type == Some(FileType::Directory) {
-            match remove_all_at(&mut *self.backend, root, name) {
-                Ok(()) | Err(Errno::NOENT) => {}
-                Err(errno) => return Err(io_error(path, "removing replaced", errno)),
+        // A staged directory replaces the root's non-directory (an explicit directory entry
+        // replaces a symlink, as moby's createTarFile does): rename cannot swap kinds, so the
+        // root's entry goes first.
+        self.replace(root, staged, name, path)
+    }
+
+    /// A staged non-directory takes its name in the root with one rename, which replaces a
+    /// non-directory there atomically; a directory of the root there is removed first.
+    fn move_non_directory(
+        &mut self,
+        root: BorrowedFd<'_>,
+        staged: BorrowedFd<'_>,
+        name: &CStr,
+        path: &[u8],
+    ) -> Result<(), ExtractError> {
+        match self.backend.rename(staged, name, root, name, false) {
+            Ok(()) => {
+                self.stats.renamed += 1;
+                Ok(())
             }
+            Err(Errno::ISDIR) => self.replace(root, staged, name, path),
+            Err(errno) => Err(io_error(path, "moving staged entry to", errno)),
+        }
+    }
+
+    /// Removes the root's entry `name` (recursively) and renames the staged one in.
+    fn replace(
+        &mut self,
+        root: BorrowedFd<'_>,
+        staged: BorrowedFd<'_>,
+        name: &CStr,
+        path: &[u8],
+    ) -> Result<(), ExtractError> {
+        match remove_all_at(&mut *self.backend, root, name) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(errno) => return Err(io_error(path, "removing replaced", errno)),
         }
         self.backend
             .rename(staged, name, root, name, false)

@@ -3,7 +3,7 @@
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd};
 
-use rustix::fs::{Dir, Mode, OFlags};
+use rustix::fs::{Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::backend::IoBackend;
@@ -49,6 +49,21 @@ pub(crate) fn remove_children(
 /// The names in directory `dir` except `.` and `..`, collected first so that the directory can be
 /// changed while they are processed.
 pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<CString>, Errno> {
+    Ok(list_dir_typed(dir)?
+        .into_iter()
+        .map(|listed| listed.name)
+        .collect())
+}
+
+/// One name of a directory listing.
+pub(crate) struct Listed {
+    pub(crate) name: CString,
+    /// Its type as the listing gives it (`d_type`); `None` where the file system does not say.
+    pub(crate) kind: Option<FileType>,
+}
+
+/// [`list_dir`] with each name's type.
+pub(crate) fn list_dir_typed(dir: BorrowedFd<'_>) -> Result<Vec<Listed>, Errno> {
     let fd = rustix::fs::openat(
         dir,
         c".",
@@ -56,13 +71,20 @@ pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<CString>, Errno> {
         Mode::empty(),
     )?;
     let mut reader = Dir::new(fd)?;
-    let mut names = Vec::new();
+    let mut listed = Vec::new();
     while let Some(entry) = reader.read() {
         let entry = entry?;
         let name = entry.file_name();
         if name != c"." && name != c".." {
-            names.push(name.to_owned());
+            let kind = match entry.file_type() {
+                FileType::Unknown => None,
+                kind => Some(kind),
+            };
+            listed.push(Listed {
+                name: name.to_owned(),
+                kind,
+            });
         }
     }
-    Ok(names)
+    Ok(listed)
 }

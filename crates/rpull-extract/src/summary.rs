@@ -85,11 +85,13 @@ pub struct Xattr {
 /// What [`merge_layer`](crate::merge_layer) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MergeStats {
-    /// Staged entries moved into the root with one rename (a whole subtree counts once).
+    /// Staged entries moved into the root with one rename (a whole subtree counts once),
+    /// including non-directories that replaced a non-directory of the root in that rename.
     pub renamed: u64,
     /// Directories present on both sides and merged recursively.
     pub merged_dirs: u64,
-    /// Root entries removed because a staged entry replaced them.
+    /// Root entries removed before a staged entry took their place: a directory of the root
+    /// replaced by a non-directory, or a non-directory replaced by a directory.
     pub replaced: u64,
     /// Whiteouts that removed something.
     pub whiteouts_applied: u64,
