@@ -219,7 +219,16 @@ impl Merge<'_, '_> {
                 .map_err(|errno| io_error(path, "inspecting staged", errno))?,
         };
         if staged_type != Some(FileType::Directory) {
-            return self.move_non_directory(root, staged, name, path);
+            // One rename, which replaces a non-directory of the root atomically; a directory
+            // there answers EISDIR and is removed first.
+            return match self.backend.rename(staged, name, root, name, false) {
+                Ok(()) => {
+                    self.stats.renamed += 1;
+                    Ok(())
+                }
+                Err(Errno::ISDIR) => self.replace(root, staged, name, path),
+                Err(errno) => Err(io_error(path, "moving staged entry to", errno)),
+            };
         }
         match self.backend.rename(staged, name, root, name, true) {
             Ok(()) => {
@@ -259,25 +268,6 @@ impl Merge<'_, '_> {
         // replaces a symlink, as moby's createTarFile does): rename cannot swap kinds, so the
         // root's entry goes first.
         self.replace(root, staged, name, path)
-    }
-
-    /// A staged non-directory takes its name in the root with one rename, which replaces a
-    /// non-directory there atomically; a directory of the root there is removed first.
-    fn move_non_directory(
-        &mut self,
-        root: BorrowedFd<'_>,
-        staged: BorrowedFd<'_>,
-        name: &CStr,
-        path: &[u8],
-    ) -> Result<(), ExtractError> {
-        match self.backend.rename(staged, name, root, name, false) {
-            Ok(()) => {
-                self.stats.renamed += 1;
-                Ok(())
-            }
-            Err(Errno::ISDIR) => self.replace(root, staged, name, path),
-            Err(errno) => Err(io_error(path, "moving staged entry to", errno)),
-        }
     }
 
     /// Removes the root's entry `name` (recursively) and renames the staged one in.
