@@ -14,7 +14,7 @@ use crate::backend::{IoBackend, new_backend};
 use crate::error::{ExtractError, invalid, io_error};
 use crate::name::split_parent;
 use crate::options::ExtractOptions;
-use crate::remove::{Listed, list_dir, list_dir_typed, remove_all_at, remove_children};
+use crate::remove::{Listed, list_dir, remove_all_at, remove_children};
 use crate::resolve::{Tree, file_type_at, lossy, walk_beneath};
 use crate::summary::{LayerSummary, MergeStats};
 
@@ -189,8 +189,8 @@ impl Merge<'_, '_> {
         staged: BorrowedFd<'_>,
         path: &mut Vec<u8>,
     ) -> Result<(), ExtractError> {
-        let entries = list_dir_typed(staged)
-            .map_err(|errno| io_error(path, "listing staged directory", errno))?;
+        let entries =
+            list_dir(staged).map_err(|errno| io_error(path, "listing staged directory", errno))?;
         for entry in entries {
             let length = path.len();
             if !path.is_empty() {
@@ -338,10 +338,12 @@ impl Merge<'_, '_> {
         dir: BorrowedFd<'_>,
         path: &[u8],
     ) -> Result<Option<Vec<u8>>, ExtractError> {
-        let mut names =
-            list_dir(dir).map_err(|errno| io_error(path, "listing staged directory", errno))?;
-        names.sort();
-        let Some(name) = names.into_iter().next() else {
+        let first = list_dir(dir)
+            .map_err(|errno| io_error(path, "listing staged directory", errno))?
+            .into_iter()
+            .map(|entry| entry.name)
+            .min();
+        let Some(name) = first else {
             return Ok(None);
         };
         let mut child = path.to_vec();

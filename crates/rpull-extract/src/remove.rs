@@ -37,22 +37,13 @@ pub(crate) fn remove_children(
     backend: &mut dyn IoBackend,
     dir: BorrowedFd<'_>,
 ) -> Result<(), Errno> {
-    for name in list_dir(dir)? {
-        match remove_all_at(backend, dir, &name) {
+    for entry in list_dir(dir)? {
+        match remove_all_at(backend, dir, &entry.name) {
             Ok(()) | Err(Errno::NOENT) => {}
             Err(errno) => return Err(errno),
         }
     }
     Ok(())
-}
-
-/// The names in directory `dir` except `.` and `..`, collected first so that the directory can be
-/// changed while they are processed.
-pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<CString>, Errno> {
-    Ok(list_dir_typed(dir)?
-        .into_iter()
-        .map(|listed| listed.name)
-        .collect())
 }
 
 /// One name of a directory listing.
@@ -62,8 +53,9 @@ pub(crate) struct Listed {
     pub(crate) kind: Option<FileType>,
 }
 
-/// [`list_dir`] with each name's type.
-pub(crate) fn list_dir_typed(dir: BorrowedFd<'_>) -> Result<Vec<Listed>, Errno> {
+/// The names in directory `dir` except `.` and `..`, with their types, collected first so that
+/// the directory can be changed while they are processed.
+pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<Listed>, Errno> {
     let fd = rustix::fs::openat(
         dir,
         c".",
