@@ -13,7 +13,8 @@ use rpull_decompress::Codec;
 use super::BenchImage;
 use crate::error::BenchError;
 
-/// Read buffer for blobs and tars.
+/// Read buffer for blobs, and for walking a tar's headers (`count_entries`); the extract stage
+/// reads its tars through [`TAR_READ_BUFFER`].
 pub(crate) const READ_BUFFER: usize = 1 << 20;
 
 /// Read buffer of the extract stage's tars: smaller than the extractor's reads of file data
