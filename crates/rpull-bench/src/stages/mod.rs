@@ -172,15 +172,41 @@ pub(crate) fn mb_per_s(bytes: u64, seconds: f64) -> Option<f64> {
     (seconds > 0.0).then(|| bytes as f64 / 1e6 / seconds)
 }
 
+/// Slowest run over fastest from which a stage's runs count as spread (see [`spread_note`]).
+const SPREAD_RATIO: f64 = 1.5;
+/// ... and slowest minus fastest, in seconds, so that runs of a few milliseconds, where 1.5x is
+/// scheduling noise, are not flagged.
+const SPREAD_SECONDS: f64 = 0.25;
+
+/// A note when the runs of a stage are far apart: their median is then no steady figure, and a
+/// floor it sets (or a ratio to it) moves with the run that happened to land in the middle.
+/// On the VMs here, writing the same gigabyte has taken 0.6 s in one run and 4.5 s in the next.
+fn spread_note(seconds: &[f64]) -> Option<String> {
+    let summary = Summary::of(seconds)?;
+    (summary.min > 0.0
+        && summary.max / summary.min >= SPREAD_RATIO
+        && summary.max - summary.min >= SPREAD_SECONDS)
+        .then(|| {
+            format!(
+                "runs spread from {:.2} to {:.2} s ({:.1}x): the median of {} runs is not a steady figure here",
+                summary.min,
+                summary.max,
+                summary.max / summary.min,
+                seconds.len()
+            )
+        })
+}
+
 /// Builds a stage's result: summaries over the runs and median rates (median over the runs of
-/// each run's own rate).
+/// each run's own rate), with a note when the runs are far apart ([`spread_note`]).
 pub(crate) fn stage_result(
     stage: &str,
     description: String,
     samples: Vec<Sample>,
-    notes: Vec<String>,
+    mut notes: Vec<String>,
 ) -> StageResult {
     let seconds: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
+    notes.extend(spread_note(&seconds));
     let cpu: Vec<f64> = samples.iter().map(|s| s.cpu_seconds).collect();
     let machine_cpu: Vec<f64> = samples
         .iter()
@@ -322,5 +348,41 @@ mod tests {
         assert_eq!(result.mb_per_s_out, None);
         assert_eq!(result.files_per_s, Some(5.0));
         assert_eq!(result.seconds.unwrap().median, 2.0);
+        assert_eq!(
+            result.notes,
+            vec![
+                "runs spread from 1.00 to 4.00 s (4.0x): the median of 3 runs is not a steady figure here"
+                    .to_owned()
+            ]
+        );
+    }
+
+    #[test]
+    fn only_runs_far_apart_in_ratio_and_seconds_get_a_spread_note() {
+        // Far apart: 0.63 to 4.55 s, as extract-tmpfs of the 1 GB layer in run M.
+        assert!(spread_note(&[4.55, 0.63, 0.71]).is_some());
+        // Steady: within 1.5x.
+        assert_eq!(spread_note(&[3.69, 4.22, 4.39]), None);
+        // 3x apart, but by 20 ms: scheduling noise of a tiny stage, not a figure to doubt.
+        assert_eq!(spread_note(&[0.01, 0.03, 0.02]), None);
+        // One run, a zero time, or none: nothing to compare.
+        assert_eq!(spread_note(&[2.0]), None);
+        assert_eq!(spread_note(&[0.0, 1.0]), None);
+        assert_eq!(spread_note(&[]), None);
+        // Kept beside the notes the stage already had.
+        let result = stage_result(
+            "x",
+            String::new(),
+            [1.0, 2.5]
+                .map(|seconds| Sample {
+                    seconds,
+                    ..Sample::default()
+                })
+                .into(),
+            vec!["caches kept".to_owned()],
+        );
+        assert_eq!(result.notes.len(), 2);
+        assert_eq!(result.notes[0], "caches kept");
+        assert!(result.notes[1].starts_with("runs spread from 1.00 to 2.50 s (2.5x)"));
     }
 }
