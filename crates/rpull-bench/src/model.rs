@@ -100,6 +100,8 @@ pub struct PeerResult {
     pub seconds: Option<Summary>,
     /// Why there is no number: not installed, failed (with its error).
     pub skipped: Option<String>,
+    /// `runs spread from ...` when its runs are far apart, as in `StageResult::notes`.
+    pub notes: Vec<String>,
 }
 
 /// One point of a sweep.

@@ -250,6 +250,22 @@ fn skipped(peer: Peer, version: Option<String>, options: String, reason: String)
         samples: Vec::new(),
         seconds: None,
         skipped: Some(reason),
+        notes: Vec::new(),
+    }
+}
+
+/// A peer's figures from its runs, with a note when they are far apart (as for a stage).
+fn ran(peer: Peer, version: Option<String>, options: String, samples: Vec<Sample>) -> PeerResult {
+    let seconds: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
+    PeerResult {
+        tool: peer.name().to_owned(),
+        does: peer.does().to_owned(),
+        version,
+        options,
+        seconds: Summary::of(&seconds),
+        notes: crate::stages::spread_note(&seconds).into_iter().collect(),
+        samples,
+        skipped: None,
     }
 }
 
@@ -322,16 +338,7 @@ pub fn run_peer(peer: Peer, ctx: &PeerContext) -> PeerResult {
     if let Err(reason) = cleanup {
         tracing::warn!(peer = peer.name(), "{reason}");
     }
-    let seconds = Summary::of(&samples.iter().map(|s| s.seconds).collect::<Vec<_>>());
-    PeerResult {
-        tool: peer.name().to_owned(),
-        does: peer.does().to_owned(),
-        version,
-        options,
-        samples,
-        seconds,
-        skipped: None,
-    }
+    ran(peer, version, options, samples)
 }
 
 /// A peer that could not produce numbers: the options it was (to be) run with, and why.
@@ -735,6 +742,39 @@ fn remove(path: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_whose_runs_are_far_apart_says_so() {
+        let runs = |seconds: &[f64]| {
+            seconds
+                .iter()
+                .map(|&seconds| Sample {
+                    seconds,
+                    ..Sample::default()
+                })
+                .collect::<Vec<_>>()
+        };
+        // ctr in run M's realistic gzip disk report.
+        let spread = ran(Peer::Ctr, None, String::new(), runs(&[33.66, 45.75, 82.65]));
+        assert_eq!(spread.seconds.unwrap().median, 45.75);
+        assert_eq!(spread.notes.len(), 1);
+        assert!(spread.notes[0].starts_with("runs spread from 33.66 to 82.65 s (2.5x)"));
+        assert!(
+            ran(
+                Peer::Crane,
+                None,
+                String::new(),
+                runs(&[17.97, 18.06, 18.10])
+            )
+            .notes
+            .is_empty()
+        );
+        assert!(
+            skipped(Peer::Docker, None, String::new(), "not installed".into())
+                .notes
+                .is_empty()
+        );
+    }
 
     #[test]
     fn names_round_trip() {

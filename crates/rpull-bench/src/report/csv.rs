@@ -94,11 +94,14 @@ pub fn render_csv(report: &BenchReport) -> String {
             cpu: cpu_median(&peer.samples),
             rss_mb: peak_rss_mb(&peer.samples),
             sync: sync_median(&peer.samples),
-            note: peer
-                .skipped
-                .as_ref()
-                .map(|reason| format!("no number: {reason}"))
-                .unwrap_or_else(|| peer.does.clone()),
+            note: match &peer.skipped {
+                Some(reason) => format!("no number: {reason}"),
+                None => std::iter::once(&peer.does)
+                    .chain(&peer.notes)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            },
             ..Row::default()
         });
     }

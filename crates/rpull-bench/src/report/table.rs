@@ -183,6 +183,11 @@ pub fn render_table(report: &BenchReport) -> String {
             ]);
         }
         peers.render(&mut out);
+        for peer in &report.peers {
+            for note in &peer.notes {
+                let _ = writeln!(out, "  {}: note: {note}", peer.tool);
+            }
+        }
     }
 
     for sweep in &report.sweeps {

@@ -181,7 +181,7 @@ const SPREAD_SECONDS: f64 = 0.25;
 /// A note when the runs of a stage are far apart: their median is then no steady figure, and a
 /// floor it sets (or a ratio to it) moves with the run that happened to land in the middle.
 /// On the VMs here, writing the same gigabyte has taken 0.6 s in one run and 4.5 s in the next.
-fn spread_note(seconds: &[f64]) -> Option<String> {
+pub(crate) fn spread_note(seconds: &[f64]) -> Option<String> {
     let summary = Summary::of(seconds)?;
     (summary.min > 0.0
         && summary.max / summary.min >= SPREAD_RATIO
