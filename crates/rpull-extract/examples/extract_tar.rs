@@ -8,8 +8,8 @@
 //! ```
 //!
 //! A quick way to compare with `tar -xf LAYER.tar -C TARGET_DIR` on the same machine. The tar is
-//! read through a 64 KiB `BufReader`, which the extractor's 256 KiB reads of file data bypass (as
-//! `rpull bench`'s extract stage reads it); the time includes `finalize_tree` (directory metadata).
+//! read through a `BufReader` of [`rpull_extract::TAR_READ_BUFFER`], which the extractor's reads of
+//! file data bypass (as `rpull bench`'s extract stage reads it); the time includes `finalize_tree` (directory metadata).
 
 use std::io::Write;
 use std::time::Instant;
@@ -58,7 +58,7 @@ fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let file = std::fs::File::open(layer)?;
     let summary = rpull_extract::extract_layer(
-        std::io::BufReader::with_capacity(64 << 10, file),
+        std::io::BufReader::with_capacity(rpull_extract::TAR_READ_BUFFER, file),
         target.as_ref(),
         &options,
     )?;

@@ -21,7 +21,7 @@ mod resolve;
 mod summary;
 mod uring;
 
-pub use backend::{FileMetadata, IoBackend, NewFile, StdBackend};
+pub use backend::{FileMetadata, IoBackend, NewFile, StdBackend, TAR_READ_BUFFER};
 pub use error::ExtractError;
 pub use extract::extract_layer;
 pub use filesystem::{filesystem_type, in_memory_filesystem, parallel_creation_scales};

@@ -12,7 +12,6 @@ use rpull_extract::{
     CreateGate, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
 };
 
-use super::local::TAR_READ_BUFFER;
 use super::{CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, stage_result};
 use crate::error::BenchError;
 use crate::resources::{
@@ -275,7 +274,7 @@ pub fn apply_layers(
                 let file = fs_err::File::open(&layer.tar)
                     .map_err(|e| BenchError::io("opening", &layer.tar, e))?;
                 let summary = extract_layer(
-                    BufReader::with_capacity(TAR_READ_BUFFER, file),
+                    BufReader::with_capacity(rpull_extract::TAR_READ_BUFFER, file),
                     &target,
                     options,
                 )

@@ -14,14 +14,9 @@ use super::BenchImage;
 use crate::error::BenchError;
 
 /// Read buffer for blobs, and for walking a tar's headers (`count_entries`); the extract stage
-/// reads its tars through [`TAR_READ_BUFFER`].
+/// reads its tars through [`rpull_extract::TAR_READ_BUFFER`], so that it copies each byte once,
+/// as a pull copies its decoded bytes.
 pub(crate) const READ_BUFFER: usize = 1 << 20;
-
-/// Read buffer of the extract stage's tars: smaller than the extractor's reads of file data
-/// (256 KiB), which then bypass it and land in the extractor's buffer with one copy, as the
-/// decoded bytes of a pull do. Through a 1 MiB buffer every byte was copied twice: the
-/// TensorFlow layer into tmpfs took 1.7-2.7 s instead of 1.1-1.3 s (docs/performance.md).
-pub(crate) const TAR_READ_BUFFER: usize = 64 << 10;
 
 /// One layer held locally.
 #[derive(Debug, Clone)]
