@@ -172,14 +172,16 @@ pub(crate) fn mb_per_s(bytes: u64, seconds: f64) -> Option<f64> {
     (seconds > 0.0).then(|| bytes as f64 / 1e6 / seconds)
 }
 
-/// Slowest run over fastest from which a stage's runs count as spread (see [`spread_note`]).
+/// Slowest run over fastest from which the runs of a stage or peer count as spread
+/// (see [`spread_note`]).
 const SPREAD_RATIO: f64 = 1.5;
 /// ... and slowest minus fastest, in seconds, so that runs of a few milliseconds, where 1.5x is
 /// scheduling noise, are not flagged.
 const SPREAD_SECONDS: f64 = 0.25;
 
-/// A note when the runs of a stage are far apart: their median is then no steady figure, and a
-/// floor it sets (or a ratio to it) moves with the run that happened to land in the middle.
+/// A note when the runs of a stage (or peer) are far apart: their median is then no steady
+/// figure, and a floor it sets (or a ratio to it) moves with the run that happened to land in
+/// the middle.
 /// On the VMs here, writing the same gigabyte has taken 0.6 s in one run and 4.5 s in the next.
 pub(crate) fn spread_note(seconds: &[f64]) -> Option<String> {
     let summary = Summary::of(seconds)?;
