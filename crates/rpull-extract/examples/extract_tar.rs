@@ -8,8 +8,9 @@
 //! ```
 //!
 //! A quick way to compare with `tar -xf LAYER.tar -C TARGET_DIR` on the same machine. The tar is
-//! read through a `BufReader` of [`rpull_extract::TAR_READ_BUFFER`], which the extractor's reads of
-//! file data bypass (as `rpull bench`'s extract stage reads it); the time includes `finalize_tree` (directory metadata).
+//! read through a `BufReader` of [`rpull_extract::TAR_READ_BUFFER`], from which big files' data
+//! is written (as `rpull bench`'s extract stage reads it); the time includes `finalize_tree`
+//! (directory metadata).
 
 use std::io::Write;
 use std::time::Instant;

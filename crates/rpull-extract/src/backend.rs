@@ -2,7 +2,7 @@
 
 use std::ffi::CStr;
 use std::fmt::Debug;
-use std::io::{self, Read};
+use std::io::{self, BufRead, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
@@ -32,13 +32,10 @@ use crate::uring::UringBackend;
 pub(crate) const BUFFER_SIZE: usize = 256 << 10;
 
 /// The capacity to give a `BufReader` over a layer tar read from a file, for
-/// [`extract_layer`](crate::extract_layer): smaller than the extractor's reads of file data
-/// (256 KiB), so that those bypass it and each byte is copied once, into the
-/// extractor's buffer. Through a buffer as large as those reads or larger, every byte is copied
-/// twice: the TensorFlow layer into tmpfs took 1.7-2.7 s instead of 1.1-1.3 s
-/// (docs/performance.md). Headers and small files are still served from it.
-pub const TAR_READ_BUFFER: usize = 64 << 10;
-const _: () = assert!(TAR_READ_BUFFER < BUFFER_SIZE);
+/// [`extract_layer`](crate::extract_layer): the std backend writes a big file's data straight
+/// from that buffer, so its capacity is the size of those writes, and the same as the writes of
+/// the extractor's own buffer ([`StdBackend`]).
+pub const TAR_READ_BUFFER: usize = BUFFER_SIZE;
 
 /// Flags of every regular file the extractor creates: it must not exist, and a symlink in its
 /// place is never followed.
@@ -120,7 +117,15 @@ pub trait IoBackend: Debug + Send {
     /// Creates `file.name` in `file.parent` (`O_CREAT|O_EXCL|O_NOFOLLOW`), writes `data` to its
     /// end into it and applies `file.metadata`, now or later. Returns the number of bytes read from
     /// `data` (all of which are, or will be, written).
-    fn write_file(&mut self, file: &NewFile<'_>, data: &mut dyn Read) -> Result<u64, ExtractError>;
+    ///
+    /// `data` is a [`BufRead`] so that a backend that writes as it goes can write from its
+    /// buffer ([`BufRead::fill_buf`]), which is the source's own (the decoded buffers of a pull),
+    /// without copying the data into a buffer of its own first.
+    fn write_file(
+        &mut self,
+        file: &NewFile<'_>,
+        data: &mut dyn BufRead,
+    ) -> Result<u64, ExtractError>;
     /// Completes everything accepted so far.
     fn flush(&mut self) -> Result<(), ExtractError>;
     /// Whether accepted files may still be incomplete (always `false` for a backend that does
@@ -259,21 +264,20 @@ pub(crate) mod syscall {
     }
 }
 
-/// Plain blocking `openat`/`write`/`fchown`/`fchmod`/`futimens`/`close`, filling a 256 KiB buffer
-/// before each write so that big files take few system calls and small files exactly one write.
+/// Plain blocking `openat`/`write`/`fchown`/`fchmod`/`futimens`/`close`, writing each file's data
+/// straight from the buffer of the [`BufRead`] it is given: one `write` per
+/// [`fill_buf`](BufRead::fill_buf), of at most 256 KiB.
 #[derive(Debug)]
 pub struct StdBackend {
-    buffer: Vec<u8>,
     xattrs: XattrPolicy,
     replaced: bool,
 }
 
 impl StdBackend {
-    /// A backend with its own 256 KiB buffer. `chown` makes a refused `security.capability`
-    /// xattr an error (see [`ExtractOptions::chown`](crate::ExtractOptions::chown)).
+    /// A backend; `chown` makes a refused `security.capability` xattr an error (see
+    /// [`ExtractOptions::chown`](crate::ExtractOptions::chown)).
     pub fn new(chown: bool) -> Self {
         Self {
-            buffer: vec![0; BUFFER_SIZE],
             xattrs: XattrPolicy::new(chown),
             replaced: false,
         }
@@ -281,24 +285,16 @@ impl StdBackend {
 }
 
 impl IoBackend for StdBackend {
-    fn write_file(&mut self, file: &NewFile<'_>, data: &mut dyn Read) -> Result<u64, ExtractError> {
+    fn write_file(
+        &mut self,
+        file: &NewFile<'_>,
+        data: &mut dyn BufRead,
+    ) -> Result<u64, ExtractError> {
         let parent = file.parent.as_fd();
-        let mut total = 0u64;
         let (fd, replaced) = create_replacing(self, parent, file.name, file.create_mode)
             .map_err(|errno| io_error(file.entry, "creating file", errno))?;
         self.replaced |= replaced;
-        loop {
-            let filled = fill(&mut self.buffer, data).map_err(|source| ExtractError::Tar {
-                entry: entry_path(file.entry),
-                source,
-            })?;
-            write_all(fd.as_fd(), &self.buffer[..filled])
-                .map_err(|errno| io_error(file.entry, "writing", errno))?;
-            total += filled as u64;
-            if filled < self.buffer.len() {
-                break;
-            }
-        }
+        let total = write_from(fd.as_fd(), data, file.entry)?;
         apply_file_metadata(fd.as_fd(), &file.metadata, &mut self.xattrs, file.entry)?;
         Ok(total)
     }
@@ -338,6 +334,38 @@ pub(crate) fn create_replacing(
             Ok((create()?, true))
         }
         other => Ok((other?, false)),
+    }
+}
+
+/// Writes `data` to its end into `fd` straight from `data`'s buffer, one write per
+/// [`BufRead::fill_buf`] of at most [`BUFFER_SIZE`]: no copy but the kernel's. A file takes one
+/// write when its data is in one buffer of the source, two when it straddles two (the pipeline's
+/// decoded buffers are 256 KiB). Returns the bytes written. Failing to read `data` is
+/// [`ExtractError::Tar`] naming `entry`.
+pub(crate) fn write_from(
+    fd: BorrowedFd<'_>,
+    data: &mut dyn BufRead,
+    entry: &[u8],
+) -> Result<u64, ExtractError> {
+    let mut total = 0u64;
+    loop {
+        let chunk = match data.fill_buf() {
+            Ok(chunk) => chunk,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(source) => {
+                return Err(ExtractError::Tar {
+                    entry: entry_path(entry),
+                    source,
+                });
+            }
+        };
+        if chunk.is_empty() {
+            return Ok(total);
+        }
+        let count = chunk.len().min(BUFFER_SIZE);
+        write_all(fd, &chunk[..count]).map_err(|errno| io_error(entry, "writing", errno))?;
+        data.consume(count);
+        total += count as u64;
     }
 }
 

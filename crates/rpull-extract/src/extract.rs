@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
@@ -13,7 +13,7 @@ use tracing::{debug, instrument, warn};
 
 use crate::backend::{FileMetadata, IoBackend, NewFile, new_backend};
 use crate::error::{ExtractError, entry_path, escape, invalid, io_error};
-use crate::forward::ForwardSeek;
+use crate::forward::TarSource;
 use crate::metadata::{Creation, EntryMetadata, XattrPolicy, apply_nofollow};
 use crate::name::{normalize, split_parent};
 use crate::options::ExtractOptions;
@@ -23,6 +23,9 @@ use crate::summary::{DeferredHardlink, DirectoryMetadata, LayerSummary};
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
+/// The buffer a regular file's data is read through when it cannot be read straight from the
+/// source: a GNU sparse file, whose data the tar crate interleaves with holes.
+const SPARSE_BUFFER: usize = 64 * 1024;
 
 /// Extracts one layer tar (uncompressed) into `target`: an existing empty staging directory, or the
 /// root for layer 0.
@@ -32,9 +35,13 @@ const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 /// read-only directory can still receive its children); their metadata is recorded for
 /// [`finalize_tree`](crate::finalize_tree). Nothing outside `target` is created, changed or
 /// deleted: names climbing above it are [`ExtractError::Escape`], symlinks are followed only inside it.
+///
+/// `tar` is a [`BufRead`] because regular files' data is written straight from its buffer (one
+/// write per [`BufRead::fill_buf`], at most 256 KiB): a byte slice, or a
+/// [`BufReader`] of [`TAR_READ_BUFFER`](crate::TAR_READ_BUFFER) over a file.
 #[instrument(skip_all, fields(target = %target.display()))]
 pub fn extract_layer(
-    tar: impl Read,
+    tar: impl BufRead,
     target: &Path,
     options: &ExtractOptions,
 ) -> Result<LayerSummary, ExtractError> {
@@ -51,12 +58,15 @@ pub fn extract_layer(
 
 /// [`extract_layer`] with the given backend (`options.backend` is not looked at).
 pub(crate) fn extract_with(
-    tar: impl Read,
+    mut tar: impl BufRead,
     target: &Path,
     options: &ExtractOptions,
     backend: &mut dyn IoBackend,
 ) -> Result<LayerSummary, ExtractError> {
     let _gate = crate::backend::syscall::GateScope::enter(options.create_gate.clone());
+    // The tar crate reads headers and skips through one handle; the extractor reads regular
+    // files' data past it through another (see `TarSource` for why).
+    let source = TarSource::new(&mut tar);
     let tree = Tree::open(target)?;
     let creation = Creation::probe(target, tree.root());
     let mut extractor = Extractor {
@@ -64,6 +74,7 @@ pub(crate) fn extract_with(
         creation,
         options,
         backend,
+        source: source.clone(),
         summary: LayerSummary::default(),
         xattrs: XattrPolicy::new(options.chown),
         metadata: EntryMetadata::default(),
@@ -73,8 +84,7 @@ pub(crate) fn extract_with(
         deferred: HashSet::new(),
         warned_special: false,
     };
-    // Skips between entries go through `ForwardSeek` (see there for why).
-    let mut archive = tar::Archive::new(ForwardSeek::new(tar));
+    let mut archive = tar::Archive::new(source);
     let entries = archive
         .entries_with_seek()
         .map_err(|source| ExtractError::Tar {
@@ -108,13 +118,15 @@ pub(crate) fn extract_with(
     Ok(summary)
 }
 
-struct Extractor<'a> {
+struct Extractor<'a, 't> {
     tree: Tree,
     /// What a new file gets without asking (skips `fchmod`/`fchown` that would change nothing).
     creation: Creation,
     options: &'a ExtractOptions,
     /// Writes the regular files and runs the namespace operations (mkdir, symlink, link, unlink).
     backend: &'a mut dyn IoBackend,
+    /// The layer tar, to read regular files' data past the tar crate.
+    source: TarSource<'t>,
     summary: LayerSummary,
     xattrs: XattrPolicy,
     metadata: EntryMetadata,
@@ -129,7 +141,7 @@ struct Extractor<'a> {
     warned_special: bool,
 }
 
-impl Extractor<'_> {
+impl Extractor<'_, '_> {
     fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), ExtractError> {
         let kind = entry.header().entry_type();
         if matches!(
@@ -313,7 +325,18 @@ impl Extractor<'_> {
                 xattrs: &self.metadata.xattrs,
             },
         };
-        let written = self.backend.write_file(&file, entry)?;
+        // The data straight from the source's buffers, unless the tar crate has to map it (a GNU
+        // sparse file) or has read some of it already (never, as entries are walked here).
+        let direct = match entry.header().entry_type() {
+            EntryType::GNUSparse => None,
+            _ => self.source.file_data(entry.raw_file_position(), size),
+        };
+        let written = match direct {
+            Some(mut data) => self.backend.write_file(&file, &mut data)?,
+            None => self
+                .backend
+                .write_file(&file, &mut BufReader::with_capacity(SPARSE_BUFFER, entry))?,
+        };
         if self.backend.take_replaced() {
             // What was removed may have been a cached directory or a symlink on a cached path.
             self.tree.invalidate();

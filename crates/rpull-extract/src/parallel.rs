@@ -33,7 +33,7 @@ use std::collections::HashSet;
 use std::ffi::CStr;
 use std::fmt;
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
-use std::io::{self, Read};
+use std::io::{self, BufRead, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -470,7 +470,11 @@ fn poisoned() -> ExtractError {
 }
 
 impl IoBackend for ParallelBackend {
-    fn write_file(&mut self, file: &NewFile<'_>, data: &mut dyn Read) -> Result<u64, ExtractError> {
+    fn write_file(
+        &mut self,
+        file: &NewFile<'_>,
+        data: &mut dyn BufRead,
+    ) -> Result<u64, ExtractError> {
         self.check()?;
         let directory = self
             .directory_key(file.parent)

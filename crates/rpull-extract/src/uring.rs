@@ -27,7 +27,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::CStr;
-use std::io::{self, Read};
+use std::io::{self, BufRead};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::OnceLock;
 
@@ -450,7 +450,11 @@ impl UringBackend {
 }
 
 impl IoBackend for UringBackend {
-    fn write_file(&mut self, file: &NewFile<'_>, data: &mut dyn Read) -> Result<u64, ExtractError> {
+    fn write_file(
+        &mut self,
+        file: &NewFile<'_>,
+        data: &mut dyn BufRead,
+    ) -> Result<u64, ExtractError> {
         self.check()?;
         // An existing name is removed through the ring (UNLINKAT), like any other unlink.
         let (fd, replaced) =

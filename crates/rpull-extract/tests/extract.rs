@@ -23,6 +23,8 @@ backend_tests!(
     a_later_entry_cancels_a_deferred_hardlink,
     root_directory_entry_metadata,
     a_held_create_gate_holds_back_files_directories_and_symlinks,
+    file_data_spanning_many_source_buffers,
+    gnu_sparse_file_gets_its_holes,
 );
 
 use std::fs;
@@ -138,7 +140,12 @@ fn decoder_error_in_file_data_is_a_tar_error_not_a_write_error() {
     let reader = FailingReader {
         data: &layer[..layer.len() / 2],
     };
-    let error = extract_layer(reader, &sandbox.root, &plain_options()).unwrap_err();
+    let error = extract_layer(
+        std::io::BufReader::new(reader),
+        &sandbox.root,
+        &plain_options(),
+    )
+    .unwrap_err();
     match &error {
         ExtractError::Tar { entry, source } => {
             assert_eq!(entry, Path::new("payload"));
@@ -781,4 +788,117 @@ fn a_held_create_gate_holds_back_files_directories_and_symlinks() {
         extracted.join().unwrap().unwrap();
         assert!(fs::symlink_metadata(&path).is_ok(), "{made} was not made");
     }
+}
+
+fn patterned(seed: u8, length: usize) -> Vec<u8> {
+    (0..length)
+        .map(|i| (i % 251) as u8 ^ seed.wrapping_mul(37))
+        .collect()
+}
+
+/// Regular files' data is written from the source's own buffer (`BufRead::fill_buf`), past the
+/// tar crate. Read through a buffer of an odd size, every file's data starts and ends inside
+/// one, spans many, and the headers after it must still be found where they are.
+fn file_data_spanning_many_source_buffers() {
+    let sizes = [
+        0usize,
+        1,
+        511,
+        512,
+        513,
+        4099,
+        70_000,
+        300_000,
+        (1 << 20) + 3,
+    ];
+    let mut layer = Layer::new().dir("d", 0o755);
+    for (index, size) in sizes.iter().enumerate() {
+        layer = layer.file(
+            &format!("d/f{index}"),
+            0o644,
+            &patterned(index as u8, *size),
+        );
+    }
+    let layer = layer
+        // A long name: a pax record ahead of the entry, read by the tar crate.
+        .file(
+            &format!("d/{}", "n".repeat(150)),
+            0o600,
+            &patterned(99, 9000),
+        )
+        .hardlink("d/link", "d/f6")
+        .file("d/last", 0o644, b"after everything")
+        .bytes();
+    for capacity in [700, 4099] {
+        let sandbox = Sandbox::new();
+        let summary = extract_layer(
+            std::io::BufReader::with_capacity(capacity, layer.as_slice()),
+            &sandbox.root,
+            &common::options(),
+        )
+        .unwrap();
+        assert_eq!(summary.files, sizes.len() as u64 + 2, "capacity {capacity}");
+        for (index, size) in sizes.iter().enumerate() {
+            assert_eq!(
+                fs::read(sandbox.root.join(format!("d/f{index}"))).unwrap(),
+                patterned(index as u8, *size),
+                "d/f{index} through a {capacity}-byte buffer"
+            );
+        }
+        assert_eq!(
+            fs::read(sandbox.root.join(format!("d/{}", "n".repeat(150)))).unwrap(),
+            patterned(99, 9000)
+        );
+        assert_eq!(
+            inode(&sandbox.root.join("d/link")),
+            inode(&sandbox.root.join("d/f6"))
+        );
+        assert_eq!(
+            fs::read(sandbox.root.join("d/last")).unwrap(),
+            b"after everything"
+        );
+        sandbox.assert_untouched();
+    }
+}
+
+/// A GNU sparse entry's stored data is not its content: the tar crate maps it around the holes,
+/// so it is read through the tar crate, not straight from the source.
+fn gnu_sparse_file_gets_its_holes() {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(EntryType::GNUSparse);
+    header.set_path("sparse").unwrap();
+    header.set_mode(0o644);
+    header.set_mtime(MTIME);
+    // 1024 bytes stored: 512 at offset 0 and 512 at offset 8192, of 8704 in all.
+    header.set_size(1024);
+    {
+        let gnu = header.as_gnu_mut().unwrap();
+        gnu.sparse[0].offset = *b"00000000000\0";
+        gnu.sparse[0].numbytes = *b"00000001000\0";
+        gnu.sparse[1].offset = *b"00000020000\0";
+        gnu.sparse[1].numbytes = *b"00000001000\0";
+        gnu.realsize = *b"00000021000\0";
+    }
+    header.set_cksum();
+    let mut stored = vec![b'a'; 512];
+    stored.extend_from_slice(&[b'b'; 512]);
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.append(&header, stored.as_slice()).unwrap();
+    let mut after = tar::Header::new_gnu();
+    after.set_size(5);
+    after.set_mode(0o644);
+    after.set_mtime(MTIME);
+    after.set_cksum();
+    builder
+        .append_data(&mut after, "after", &b"later"[..])
+        .unwrap();
+    let layer = builder.into_inner().unwrap();
+
+    let sandbox = Sandbox::new();
+    extract_layer(layer.as_slice(), &sandbox.root, &common::options()).unwrap();
+    let mut expected = vec![b'a'; 512];
+    expected.resize(8192, 0);
+    expected.extend_from_slice(&[b'b'; 512]);
+    assert_eq!(fs::read(sandbox.root.join("sparse")).unwrap(), expected);
+    assert_eq!(fs::read(sandbox.root.join("after")).unwrap(), b"later");
 }

@@ -112,9 +112,8 @@ impl<R> CountingReader<R> {
     }
 }
 
-impl<R: Read> Read for CountingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
+impl<R> CountingReader<R> {
+    fn counted(&mut self, n: usize) {
         self.count += n as u64;
         if let Some(writeback) = &self.writeback
             && self.count - self.reported >= WRITEBACK_REPORT_STEP
@@ -122,6 +121,48 @@ impl<R: Read> Read for CountingReader<R> {
             writeback.add(self.count - self.reported);
             self.reported = self.count;
         }
+    }
+}
+
+impl<R: Read> Read for CountingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.counted(n);
         Ok(n)
+    }
+}
+
+/// The extractor writes files' data straight from the inner reader's buffer and consumes it.
+impl<R: BufRead> BufRead for CountingReader<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.inner.consume(amount);
+        self.counted(amount);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_what_is_read_and_what_is_consumed() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let mut reader = CountingReader::new(io::BufReader::with_capacity(3000, &data[..]), None);
+        let mut header = [0u8; 512];
+        reader.read_exact(&mut header).unwrap();
+        assert_eq!(reader.count(), 512);
+        // Consumed from the buffer without a copy, as the extractor writes file data.
+        let available = reader.fill_buf().unwrap().len();
+        assert_eq!(available, 3000 - 512);
+        reader.consume(available);
+        assert_eq!(reader.count(), 3000);
+        let mut rest = Vec::new();
+        reader.read_to_end(&mut rest).unwrap();
+        assert_eq!(reader.count(), 10_000);
+        assert_eq!(rest, &data[3000..]);
     }
 }

@@ -2,7 +2,7 @@
 //! the two overlap instead of taking turns on one thread. Decoded bytes travel in recycled
 //! buffers over a bounded channel (memory per layer: `DEPTH` x `CHUNK`).
 
-use std::io::{self, Read};
+use std::io::{self, BufRead, Read};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, channel, sync_channel};
 
 /// Bytes per decoded buffer.
@@ -84,10 +84,21 @@ fn fill(source: &mut impl Read, buffer: &mut [u8]) -> io::Result<usize> {
 
 impl Read for DecodedReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = out.len().min(available.len());
+        out[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+/// The extractor writes files' data straight from the decoded buffers.
+impl BufRead for DecodedReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
         while self.position == self.current.len() {
             let next = match self.full.recv() {
                 Ok(next) => next,
-                Err(_) => return Ok(0),
+                Err(_) => return Ok(&[]),
             };
             let done = std::mem::replace(&mut self.current, next);
             self.position = 0;
@@ -95,10 +106,11 @@ impl Read for DecodedReader {
                 let _ = self.empty.send(done);
             }
         }
-        let n = out.len().min(self.current.len() - self.position);
-        out[..n].copy_from_slice(&self.current[self.position..self.position + n]);
-        self.position += n;
-        Ok(n)
+        Ok(&self.current[self.position..])
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.position = (self.position + amount).min(self.current.len());
     }
 }
 
@@ -124,6 +136,46 @@ mod tests {
         }
         assert_eq!(pump.join().unwrap().unwrap(), data.len() as u64);
         assert_eq!(out, data);
+    }
+
+    #[test]
+    fn buffers_are_lent_whole_and_consumed_in_pieces() {
+        let data: Vec<u8> = (0..(2 * CHUNK + 1000) as u32)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let (sender, mut reader) = decoded_channel();
+        let source = data.clone();
+        let pump = std::thread::spawn(move || sender.pump(&mut &source[..]));
+        let mut out = Vec::new();
+        let mut lent = Vec::new();
+        loop {
+            let available = reader.fill_buf().unwrap();
+            if available.is_empty() {
+                break;
+            }
+            lent.push(available.len());
+            // Part of a buffer, then the rest of it: the next `fill_buf` lends the remainder.
+            let take = available.len().min(100_000);
+            out.extend_from_slice(&available[..take]);
+            reader.consume(take);
+        }
+        assert_eq!(pump.join().unwrap().unwrap(), data.len() as u64);
+        assert_eq!(out, data);
+        assert_eq!(
+            lent,
+            [
+                CHUNK,
+                CHUNK - 100_000,
+                CHUNK - 200_000,
+                CHUNK,
+                CHUNK - 100_000,
+                CHUNK - 200_000,
+                1000
+            ]
+        );
+        // Consuming past the end of a buffer is clamped.
+        reader.consume(10);
+        assert!(reader.fill_buf().unwrap().is_empty());
     }
 
     #[test]

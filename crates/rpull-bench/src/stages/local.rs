@@ -14,8 +14,8 @@ use super::BenchImage;
 use crate::error::BenchError;
 
 /// Read buffer for blobs, and for walking a tar's headers (`count_entries`); the extract stage
-/// reads its tars through [`rpull_extract::TAR_READ_BUFFER`], so that it copies each byte once,
-/// as a pull copies its decoded bytes.
+/// reads its tars through [`rpull_extract::TAR_READ_BUFFER`], from which the extractor writes
+/// big files' data, as a pull writes it from its decoded buffers.
 pub(crate) const READ_BUFFER: usize = 1 << 20;
 
 /// One layer held locally.
