@@ -32,9 +32,9 @@ use crate::uring::UringBackend;
 pub(crate) const BUFFER_SIZE: usize = 256 << 10;
 
 /// The capacity to give a `BufReader` over a layer tar read from a file, for
-/// [`extract_layer`](crate::extract_layer): the std backend writes a big file's data straight
-/// from that buffer, so its capacity is the size of those writes, and the same as the writes of
-/// the extractor's own buffer ([`StdBackend`]).
+/// [`extract_layer`](crate::extract_layer): the std backend writes a file's data straight from
+/// that buffer, one write per fill of it, so its capacity is the size of those writes; 256 KiB,
+/// the largest write the backends make in any case (`BUFFER_SIZE`).
 pub const TAR_READ_BUFFER: usize = BUFFER_SIZE;
 
 /// Flags of every regular file the extractor creates: it must not exist, and a symlink in its
