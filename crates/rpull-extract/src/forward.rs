@@ -134,6 +134,11 @@ pub(crate) struct FileData<'s, 'a> {
 }
 
 impl FileData<'_, '_> {
+    /// The entry's bytes still to come, as a length.
+    fn limit(&self) -> usize {
+        self.remaining.min(usize::MAX as u64) as usize
+    }
+
     fn advance(&mut self, count: usize) {
         self.stream.position += count as u64;
         self.stream.hidden += count as u64;
@@ -143,9 +148,7 @@ impl FileData<'_, '_> {
 
 impl Read for FileData<'_, '_> {
     fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
-        let limit = buffer
-            .len()
-            .min(self.remaining.min(usize::MAX as u64) as usize);
+        let limit = buffer.len().min(self.limit());
         if limit == 0 {
             return Ok(0);
         }
@@ -160,13 +163,13 @@ impl BufRead for FileData<'_, '_> {
         if self.remaining == 0 {
             return Ok(&[]);
         }
-        let limit = self.remaining.min(usize::MAX as u64) as usize;
+        let limit = self.limit();
         let buffer = self.stream.inner.fill_buf()?;
         Ok(&buffer[..buffer.len().min(limit)])
     }
 
     fn consume(&mut self, count: usize) {
-        let count = count.min(self.remaining.min(usize::MAX as u64) as usize);
+        let count = count.min(self.limit());
         self.stream.inner.consume(count);
         self.advance(count);
     }

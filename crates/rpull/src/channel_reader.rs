@@ -60,12 +60,17 @@ impl ChannelReader {
 
 impl Read for ChannelReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let available = self.fill_buf()?;
-        let n = available.len().min(buf.len());
-        buf[..n].copy_from_slice(&available[..n]);
-        self.consume(n);
-        Ok(n)
+        read_through_buffer(self, buf)
     }
+}
+
+/// `Read::read` of a reader whose bytes are in its [`BufRead`] buffer: a copy out of it.
+pub(crate) fn read_through_buffer(reader: &mut impl BufRead, out: &mut [u8]) -> io::Result<usize> {
+    let available = reader.fill_buf()?;
+    let n = available.len().min(out.len());
+    out[..n].copy_from_slice(&available[..n]);
+    reader.consume(n);
+    Ok(n)
 }
 
 impl BufRead for ChannelReader {

@@ -84,11 +84,7 @@ fn fill(source: &mut impl Read, buffer: &mut [u8]) -> io::Result<usize> {
 
 impl Read for DecodedReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        let available = self.fill_buf()?;
-        let n = out.len().min(available.len());
-        out[..n].copy_from_slice(&available[..n]);
-        self.consume(n);
-        Ok(n)
+        crate::channel_reader::read_through_buffer(self, out)
     }
 }
 
