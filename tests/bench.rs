@@ -368,6 +368,63 @@ fn bench_json_matches_the_documented_schema() {
 }
 
 #[test]
+fn bench_runs_every_stage_and_the_pull_once_per_round() {
+    let (_registry, reference) = registry_with_image();
+    let work = tempfile::tempdir().unwrap();
+    let output = rpull(
+        &[
+            "bench",
+            &reference,
+            "-v",
+            "--runs",
+            "2",
+            "--warm",
+            "--json",
+            "--plain-http",
+            "--tmpfs",
+        ],
+        work.path(),
+    );
+    let report: Value = serde_json::from_str(&ok_stdout(&output)).unwrap();
+    // The progress lines, in the order the work was done.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let order: Vec<&str> = stderr
+        .lines()
+        .filter_map(|line| {
+            [
+                "round round=1",
+                "round round=2",
+                "stage network",
+                "stage end-to-end",
+            ]
+            .into_iter()
+            .find(|step| line.ends_with(step) || line.contains(&format!("{step} ")))
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "round round=1",
+            "stage network",
+            "stage end-to-end",
+            "round round=2",
+            "stage network",
+            "stage end-to-end"
+        ],
+        "{stderr}"
+    );
+    // Every stage has a run of each round; PATH has no tar here, so its stages have none.
+    for stage in report["stages"].as_array().unwrap() {
+        let runs = if stage["stage"].as_str().unwrap().starts_with("tar-") {
+            0
+        } else {
+            2
+        };
+        assert_eq!(stage["samples"].as_array().unwrap().len(), runs, "{stage}");
+    }
+}
+
+#[test]
 fn bench_csv_has_the_documented_header_and_a_row_per_stage_and_point() {
     let (_registry, reference) = registry_with_image();
     let work = tempfile::tempdir().unwrap();

@@ -226,75 +226,38 @@ impl Bench {
         &self.options
     }
 
-    /// Runs every stage, then the sweeps, and computes the floor. `peers` is left empty.
+    /// Runs every stage and the pull in rounds (each once per round, in the order of the
+    /// report), then the sweeps, and computes the floor. `peers` is left empty.
     pub async fn run(&self) -> Result<BenchReport, BenchError> {
         let options = &self.options;
         let (runs, cache) = (options.runs, &options.cache);
         let image = &self.image;
-        let mut results = Vec::new();
-
-        info!("stage network");
-        results.push(stages::network(image, FetchMode::Stream, runs, cache).await?);
-        info!("stage network-ranged");
-        results.push(
-            stages::network(image, FetchMode::Ranged(options.chunk_size), runs, cache).await?,
-        );
-
         info!(dir = %self.inputs.path().display(), "downloading and decoding the layers once (not timed)");
         let local = stages::prepare_local(image, self.inputs.path()).await?;
-
-        for mode in [DecompressMode::OneCore, DecompressMode::AllCores] {
-            info!(stage = mode.stage(), "stage");
-            let (local, cache) = (local.clone(), cache.clone());
-            results.push(blocking(move || stages::decompress(&local, mode, runs, &cache)).await?);
-        }
-
-        let tmpfs_target = self.tmpfs_extract.as_ref().map(|dir| ExtractTarget {
-            stage: "extract-tmpfs".to_owned(),
-            base: dir.path().to_owned(),
-        });
-        match tmpfs_target {
-            Some(target) => results.extend(self.extract_stage(&local, target, "tar-tmpfs").await?),
-            None => {
-                for stage in ["extract-tmpfs", "tar-tmpfs"] {
-                    results.push(skipped_stage(
-                        stage,
-                        String::new(),
-                        format!("{TMPFS_DIR} is not a tmpfs mount"),
-                    ));
-                }
-            }
-        }
-        let disk_target = ExtractTarget {
-            stage: "extract-disk".to_owned(),
-            base: self.disk_extract.path().to_owned(),
-        };
-        results.extend(self.extract_stage(&local, disk_target, "tar-disk").await?);
-
         let size = ImageSize {
             compressed_bytes: local.compressed_bytes(),
             tar_bytes: local.tar_bytes(),
             entries: local.entries(),
         };
         let reference = options.reference.to_string();
-        match &options.pull {
-            Some(pull) => {
-                info!("stage end-to-end");
-                let (pull, dir, cache) = (pull.clone(), self.pull_dir.clone(), cache.clone());
-                let reference = reference.clone();
-                results.push(
-                    blocking(move || {
-                        stages::end_to_end(&pull, &reference, &dir, size, runs, &cache)
-                    })
-                    .await?,
-                );
+
+        // Round by round, every stage once and then the pull, so that stages and pull meet the
+        // same machine: on these VMs its speed drifts over minutes, which one stage's runs after
+        // another's would turn into a bias of the floor against the pull.
+        // The runs of each stage so far, in the report's order of stages.
+        let mut by_stage: Vec<Vec<StageResult>> = Vec::new();
+        for round in 0..runs {
+            info!(round = round + 1, of = runs, "round");
+            let results = self.round(&local, size, &reference, round).await?;
+            by_stage.resize_with(results.len(), Vec::new);
+            for (stage_runs, result) in by_stage.iter_mut().zip(results) {
+                stage_runs.push(result);
             }
-            None => results.push(skipped_stage(
-                "end-to-end",
-                String::new(),
-                "no rpull binary to run".to_owned(),
-            )),
         }
+        let results: Vec<StageResult> = by_stage
+            .into_iter()
+            .filter_map(stages::merge_rounds)
+            .collect();
 
         let sweeps = self.sweeps(size).await?;
         let destination_fs = filesystem_type(self.pull_dir.parent().unwrap_or(&self.pull_dir));
@@ -335,12 +298,87 @@ impl Bench {
         })
     }
 
-    /// An extract stage and its GNU tar reference (`tar_stage`), run by run.
+    /// One run of every stage, in the order of the report, then one pull (`round` numbers the
+    /// extract stages' run directories).
+    async fn round(
+        &self,
+        local: &LocalLayers,
+        size: ImageSize,
+        reference: &str,
+        round: usize,
+    ) -> Result<Vec<StageResult>, BenchError> {
+        let options = &self.options;
+        let cache = &options.cache;
+        let image = &self.image;
+        let mut results = Vec::new();
+        info!("stage network");
+        results.push(stages::network(image, FetchMode::Stream, 1, cache).await?);
+        info!("stage network-ranged");
+        results
+            .push(stages::network(image, FetchMode::Ranged(options.chunk_size), 1, cache).await?);
+        for mode in [DecompressMode::OneCore, DecompressMode::AllCores] {
+            info!(stage = mode.stage(), "stage");
+            let (local, cache) = (local.clone(), cache.clone());
+            results.push(blocking(move || stages::decompress(&local, mode, 1, &cache)).await?);
+        }
+
+        let tmpfs_target = self.tmpfs_extract.as_ref().map(|dir| ExtractTarget {
+            stage: "extract-tmpfs".to_owned(),
+            base: dir.path().to_owned(),
+        });
+        match tmpfs_target {
+            Some(target) => {
+                results.extend(
+                    self.extract_stage(local, target, "tar-tmpfs", round)
+                        .await?,
+                );
+            }
+            None => {
+                for stage in ["extract-tmpfs", "tar-tmpfs"] {
+                    results.push(skipped_stage(
+                        stage,
+                        String::new(),
+                        format!("{TMPFS_DIR} is not a tmpfs mount"),
+                    ));
+                }
+            }
+        }
+        let disk_target = ExtractTarget {
+            stage: "extract-disk".to_owned(),
+            base: self.disk_extract.path().to_owned(),
+        };
+        results.extend(
+            self.extract_stage(local, disk_target, "tar-disk", round)
+                .await?,
+        );
+
+        match &options.pull {
+            Some(pull) => {
+                info!("stage end-to-end");
+                let (pull, dir, cache) = (pull.clone(), self.pull_dir.clone(), cache.clone());
+                let reference = reference.to_owned();
+                results.push(
+                    blocking(move || stages::end_to_end(&pull, &reference, &dir, size, 1, &cache))
+                        .await?,
+                );
+            }
+            None => results.push(skipped_stage(
+                "end-to-end",
+                String::new(),
+                "no rpull binary to run".to_owned(),
+            )),
+        }
+        Ok(results)
+    }
+
+    /// Run `round` of an extract stage and of its GNU tar reference (`tar_stage`), one after the
+    /// other.
     async fn extract_stage(
         &self,
         local: &LocalLayers,
         target: ExtractTarget,
         tar_stage: &str,
+        round: usize,
     ) -> Result<[StageResult; 2], BenchError> {
         info!(stage = %target.stage, reference = tar_stage, dir = %target.base.display(), "stage");
         let reference = TarReference {
@@ -351,14 +389,20 @@ impl Bench {
                 .clone()
                 .ok_or_else(|| "no `tar` in PATH".to_owned()),
         };
-        let (local, cache, extract, runs) = (
+        let (local, cache, extract) = (
             local.clone(),
             self.options.cache.clone(),
             self.options.extract.clone(),
-            self.options.runs,
         );
         let (stage, tar) = blocking(move || {
-            stages::extract_beside_tar(&local, &target, &extract, runs, &cache, Some(&reference))
+            stages::extract_runs(
+                &local,
+                &target,
+                &extract,
+                round..round + 1,
+                &cache,
+                Some(&reference),
+            )
         })
         .await?;
         Ok([stage, tar.expect("a reference was given")])

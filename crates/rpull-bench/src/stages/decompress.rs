@@ -5,7 +5,9 @@ use std::io::{self, BufReader, Read};
 use std::time::Instant;
 
 use super::local::READ_BUFFER;
-use super::{CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, mb_per_s, stage_result};
+use super::{
+    CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, mb_per_s, median_index, stage_result,
+};
 use crate::error::BenchError;
 use crate::{CodecThroughput, StageResult, Summary};
 
@@ -122,13 +124,6 @@ fn decode_layer(layer: &LocalLayer) -> Result<(u64, f64), BenchError> {
         }
     }
     Ok((total, started.elapsed().as_secs_f64()))
-}
-
-/// Index of the median value (the lower middle for an even count).
-fn median_index(values: &[f64]) -> usize {
-    let mut order: Vec<usize> = (0..values.len()).collect();
-    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
-    order[(values.len() - 1) / 2]
 }
 
 /// What decodes `codec` in this build (what `rpull pull` runs).

@@ -76,6 +76,19 @@ pub fn extract_beside_tar(
     reference: Option<&TarReference>,
 ) -> Result<(StageResult, Option<StageResult>), BenchError> {
     check_runs(runs)?;
+    extract_runs(layers, target, options, 0..runs, cache, reference)
+}
+
+/// [`extract_beside_tar`] for the runs numbered `runs` (`rpull bench` makes one per round:
+/// run N is its round N, and the runs before it were made in earlier rounds).
+pub(crate) fn extract_runs(
+    layers: &LocalLayers,
+    target: &ExtractTarget,
+    options: &ExtractOptions,
+    runs: std::ops::Range<usize>,
+    cache: &CachePolicy,
+    reference: Option<&TarReference>,
+) -> Result<(StageResult, Option<StageResult>), BenchError> {
     // What a pull would choose there (tmpfs, ramfs and ext4 with a journal: write threads and no
     // gate; elsewhere one thread and the gate), named in the description.
     let creation = if CreateGate::shared_for(options.create_gate.as_ref(), &target.base).is_some() {
@@ -98,16 +111,18 @@ pub fn extract_beside_tar(
     );
     let mut notes = Vec::new();
     let fs = filesystem_type(&target.base);
-    if runs > 1 && fs.as_deref() != Some("tmpfs") {
+    // Also in a run alone after the first: the note is the same in each, and a report that
+    // joins the runs shows it once.
+    if runs.end > 1 && fs.as_deref() != Some("tmpfs") {
         notes.push(
-            "runs after the first start right after the previous run's tree was deleted; on ext4 BASELINE.md finds such \
-             extractions much slower than into a fresh filesystem state (compare min and median)"
+            "runs after the first start after the previous run's tree was deleted; on ext4 BASELINE.md finds \
+             extractions right after a delete much slower than into a fresh filesystem state (compare min and median)"
                 .to_owned(),
         );
     }
-    let mut samples = Vec::with_capacity(runs);
+    let mut samples = Vec::with_capacity(runs.len());
     let mut tar = reference.map(|reference| TarRuns::new(reference, layers, target));
-    for run in 0..runs {
+    for run in runs {
         let dir = target.base.join(format!("run-{run}"));
         let root = dir.join("rootfs");
         let staging = dir.join("layers");

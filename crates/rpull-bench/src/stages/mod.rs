@@ -20,6 +20,7 @@ use crate::{Sample, StageResult, Summary};
 
 pub use decompress::{DecompressMode, decompress};
 pub use end_to_end::{ImageSize, PullCommand, end_to_end};
+pub(crate) use extract::extract_runs;
 pub use extract::{ExtractTarget, TarReference, apply_layers, extract, extract_beside_tar};
 pub use local::{LocalLayer, LocalLayers, prepare_local};
 pub use network::{FetchMode, RANGE_WINDOW, fetch_image, network};
@@ -250,6 +251,53 @@ pub(crate) fn stage_result(
     }
 }
 
+/// Index of the median value (the lower middle for an even count).
+pub(crate) fn median_index(values: &[f64]) -> usize {
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+    order[(values.len() - 1) / 2]
+}
+
+/// Joins the results of one stage measured a run at a time, in rounds (`rpull bench` measures
+/// every stage once per round, so that a machine whose speed drifts meets the stages and the
+/// pull alike), into the result of all its runs: the samples in round order, each note once,
+/// the summaries and the spread note over all the runs, the critical path over the rounds', and
+/// the per-codec figures of the median run. A stage skipped or stopped in any round has no
+/// figures, as a stage that stops part-way through its runs (its notes say why). `parts` are
+/// results of one run each (more would repeat their spread note); an empty list is `None`.
+pub(crate) fn merge_rounds(parts: Vec<StageResult>) -> Option<StageResult> {
+    let first = parts.first()?;
+    let (stage, description) = (first.stage.clone(), first.description.clone());
+    let mut notes: Vec<String> = Vec::new();
+    for note in parts.iter().flat_map(|part| &part.notes) {
+        if !notes.contains(note) {
+            notes.push(note.clone());
+        }
+    }
+    if parts.iter().any(|part| part.samples.is_empty()) {
+        return Some(stage_result(&stage, description, Vec::new(), notes));
+    }
+    let seconds: Vec<f64> = parts
+        .iter()
+        .map(|part| part.seconds.map_or(0.0, |summary| summary.median))
+        .collect();
+    let median = median_index(&seconds);
+    let critical: Vec<f64> = parts
+        .iter()
+        .filter_map(|part| part.critical_path_seconds.map(|summary| summary.median))
+        .collect();
+    let codecs = parts[median].codecs.clone();
+    let samples = parts.into_iter().flat_map(|part| part.samples).collect();
+    let mut merged = stage_result(&stage, description, samples, notes);
+    merged.codecs = codecs;
+    merged.critical_path_seconds = if critical.len() == seconds.len() {
+        Summary::of(&critical)
+    } else {
+        None
+    };
+    Some(merged)
+}
+
 /// A stage that was not run, with the reason in its notes.
 pub(crate) fn skipped_stage(stage: &str, description: String, reason: String) -> StageResult {
     stage_result(
@@ -356,6 +404,104 @@ mod tests {
                 "runs spread from 1.00 to 4.00 s (4.0x): the median of 3 runs is not a steady figure here"
                     .to_owned()
             ]
+        );
+    }
+
+    /// One run of a decompress stage, as a round makes it: `seconds`, its slowest layer and the
+    /// codec figures of that run (told apart by their layer count).
+    fn decompress_round(seconds: f64, slowest: f64, layers: usize) -> StageResult {
+        let mut result = stage_result(
+            "decompress-1core",
+            "described".to_owned(),
+            vec![Sample {
+                seconds,
+                cpu_seconds: seconds * 0.9,
+                bytes_in: 1_000_000,
+                machine_cpu_seconds: Some(seconds),
+                ..Sample::default()
+            }],
+            vec!["caches kept".to_owned()],
+        );
+        result.critical_path_seconds = Summary::of(&[slowest]);
+        result.codecs = vec![crate::CodecThroughput {
+            codec: "gzip".to_owned(),
+            implementation: "isal".to_owned(),
+            layers,
+            bytes_in: 1,
+            bytes_out: 2,
+            mb_per_s_in: None,
+            mb_per_s_out: None,
+        }];
+        result
+    }
+
+    #[test]
+    fn rounds_join_into_the_stage_of_all_their_runs() {
+        let merged = merge_rounds(vec![
+            decompress_round(2.0, 1.5, 1),
+            decompress_round(2.8, 3.0, 2),
+            decompress_round(2.4, 2.0, 3),
+        ])
+        .unwrap();
+        assert_eq!(merged.stage, "decompress-1core");
+        assert_eq!(merged.description, "described");
+        let seconds: Vec<f64> = merged.samples.iter().map(|s| s.seconds).collect();
+        assert_eq!(seconds, [2.0, 2.8, 2.4], "samples in round order");
+        assert_eq!(
+            merged.seconds,
+            Some(Summary {
+                median: 2.4,
+                min: 2.0,
+                max: 2.8
+            })
+        );
+        assert_eq!(merged.cpu_seconds.unwrap().median, 2.4 * 0.9);
+        assert_eq!(merged.machine_cpu_seconds.unwrap().max, 2.8);
+        assert_eq!(merged.mb_per_s_in, Some(1_000_000.0 / 1e6 / 2.4));
+        assert_eq!(
+            merged.critical_path_seconds,
+            Some(Summary {
+                median: 2.0,
+                min: 1.5,
+                max: 3.0
+            })
+        );
+        assert_eq!(merged.codecs[0].layers, 3, "the codecs of the median run");
+        assert_eq!(merged.notes, ["caches kept"], "each note once");
+
+        // Far apart over the rounds: the spread note of all the runs.
+        let spread = merge_rounds(vec![
+            decompress_round(1.0, 1.0, 1),
+            decompress_round(2.5, 1.0, 1),
+        ])
+        .unwrap();
+        assert_eq!(spread.notes.len(), 2);
+        assert!(spread.notes[1].starts_with("runs spread from 1.00 to 2.50 s (2.5x)"));
+
+        // A stage without a critical path in some round has none.
+        let mut without = decompress_round(1.0, 1.0, 1);
+        without.critical_path_seconds = None;
+        let merged = merge_rounds(vec![decompress_round(1.0, 1.0, 1), without]).unwrap();
+        assert_eq!(merged.critical_path_seconds, None);
+
+        assert!(merge_rounds(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn a_stage_skipped_in_any_round_has_no_figures() {
+        let stopped = skipped_stage(
+            "decompress-1core",
+            "described".to_owned(),
+            "`tar -xf layer.tar` failed".to_owned(),
+        );
+        let merged = merge_rounds(vec![decompress_round(2.0, 1.5, 1), stopped]).unwrap();
+        assert!(merged.samples.is_empty());
+        assert_eq!(merged.seconds, None);
+        assert_eq!(merged.critical_path_seconds, None);
+        assert!(merged.codecs.is_empty());
+        assert_eq!(
+            merged.notes,
+            ["caches kept", "skipped: `tar -xf layer.tar` failed"]
         );
     }
 
