@@ -28,6 +28,14 @@ pub struct Sample {
     /// the work of anything else running meanwhile: a registry serving from this machine, the
     /// kernel's write-back, other load. `None` where it could not be read.
     pub machine_cpu_seconds: Option<f64>,
+    /// CPU seconds, summed over the machine's CPUs, that the hypervisor gave to something else
+    /// while they had work (`/proc/stat`'s steal, 10 ms resolution). Not in `cpu_seconds` or
+    /// `machine_cpu_seconds`; a run with much of it was slowed by the host, not by its own work.
+    /// `None` where it could not be read.
+    pub steal_seconds: Option<f64>,
+    /// Seconds in which at least one task of the machine waited for memory: reclaim, compaction,
+    /// refaults (`/proc/pressure/memory`, `some`). `None` without pressure stall information.
+    pub memory_stall_seconds: Option<f64>,
 }
 
 /// One stage (or the end-to-end pull) measured over several runs.

@@ -16,32 +16,92 @@ pub fn process_cpu_seconds() -> f64 {
     rusage_seconds(libc::RUSAGE_SELF)
 }
 
-/// CPU seconds the whole machine has spent busy since boot, all CPUs: user, nice, system, irq
-/// and softirq time of `/proc/stat`'s `cpu` line (not idle, iowait or steal). Its difference over
-/// a run counts every process, the kernel's threads and interrupt work, so a registry serving
-/// the bench from this machine is in it. `None` where `/proc/stat` cannot be read.
-pub fn machine_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+fn ticks_to_seconds(ticks: u64) -> f64 {
     // SAFETY: sysconf has no preconditions.
     let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    busy_ticks(&stat).map(|ticks| ticks as f64 / ticks_per_second.max(1) as f64)
+    ticks as f64 / ticks_per_second.max(1) as f64
+}
+
+/// The numbers of `/proc/stat`'s `cpu` line: `user nice system idle iowait irq softirq steal ...`.
+fn cpu_line(stat: &str) -> Option<Vec<u64>> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    line.split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect()
 }
 
 /// Busy ticks from the text of `/proc/stat`: `user nice system idle iowait irq softirq ...`.
 fn busy_ticks(stat: &str) -> Option<u64> {
-    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
-    let fields: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|f| f.parse().ok())
-        .collect::<Option<_>>()?;
+    let fields = cpu_line(stat)?;
     let field = |i: usize| fields.get(i).copied();
     Some(field(0)? + field(1)? + field(2)? + field(5)? + field(6)?)
 }
 
-/// The machine's busy CPU seconds since `started` (a [`machine_cpu_seconds`] reading).
-pub fn machine_cpu_since(started: Option<f64>) -> Option<f64> {
-    Some((machine_cpu_seconds()? - started?).max(0.0))
+/// Steal ticks from the text of `/proc/stat` (its eighth number): time this virtual machine's
+/// CPUs wanted to run while the hypervisor ran something else.
+fn steal_ticks(stat: &str) -> Option<u64> {
+    cpu_line(stat)?.get(7).copied()
+}
+
+/// The `total` (microseconds) of the `some` line of a `/proc/pressure/*` file: time in which at
+/// least one task waited for the resource.
+fn pressure_some_total_us(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
+/// The machine's counters at the start of a run, to fill a [`Sample`]'s machine-wide figures
+/// at its end. Each is `None` where the kernel does not offer it.
+/// - `machine_cpu_seconds`: busy CPU of all CPUs, the user, nice, system, irq and softirq time
+///   of `/proc/stat`'s `cpu` line (not idle, iowait or steal). It counts every process, the
+///   kernel's threads and interrupt work, so a registry serving the bench from this machine is
+///   in it.
+/// - `steal_seconds`: the same line's steal, time the hypervisor ran something else while this
+///   machine's CPUs had work.
+/// - `memory_stall_seconds`: the `some` total of `/proc/pressure/memory`.
+#[derive(Debug, Clone, Copy)]
+pub struct MachineMeter {
+    busy: Option<f64>,
+    steal: Option<f64>,
+    memory_stall: Option<f64>,
+}
+
+impl MachineMeter {
+    /// Reads the counters now.
+    pub fn start() -> MachineMeter {
+        let (busy, steal, memory_stall) = machine_counters();
+        MachineMeter {
+            busy,
+            steal,
+            memory_stall,
+        }
+    }
+
+    /// Sets `sample`'s machine-wide figures to the counters' growth since [`start`](Self::start).
+    pub fn finish(&self, sample: &mut Sample) {
+        let (busy, steal, memory_stall) = machine_counters();
+        let since = |now: Option<f64>, then: Option<f64>| Some((now? - then?).max(0.0));
+        sample.machine_cpu_seconds = since(busy, self.busy);
+        sample.steal_seconds = since(steal, self.steal);
+        sample.memory_stall_seconds = since(memory_stall, self.memory_stall);
+    }
+}
+
+/// Busy and steal seconds of all CPUs since boot, and seconds of memory stalls.
+fn machine_counters() -> (Option<f64>, Option<f64>, Option<f64>) {
+    let stat = std::fs::read_to_string("/proc/stat").ok();
+    let busy = stat.as_deref().and_then(busy_ticks).map(ticks_to_seconds);
+    let steal = stat.as_deref().and_then(steal_ticks).map(ticks_to_seconds);
+    let memory_stall = std::fs::read_to_string("/proc/pressure/memory")
+        .ok()
+        .as_deref()
+        .and_then(pressure_some_total_us)
+        .map(|us| us as f64 / 1e6);
+    (busy, steal, memory_stall)
 }
 
 /// CPU time of the waited-for children of this process so far.
@@ -122,7 +182,7 @@ pub fn run_measured_with_input(
     input: Option<Vec<u8>>,
 ) -> io::Result<MeasuredRun> {
     let started = Instant::now();
-    let machine_started = machine_cpu_seconds();
+    let machine = MachineMeter::start();
     let stdin = if input.is_some() {
         Stdio::piped()
     } else {
@@ -157,22 +217,22 @@ pub fn run_measured_with_input(
     let polled_peak = poller.stop();
     let (raw_status, usage) = waited?;
     let seconds = started.elapsed().as_secs_f64();
-    let machine_cpu_seconds = machine_cpu_since(machine_started);
+    let mut sample = Sample {
+        seconds,
+        cpu_seconds: timeval(usage.ru_utime) + timeval(usage.ru_stime),
+        // Not ru_maxrss: on Linux a child's ru_maxrss includes the RSS its parent had when it
+        // forked (the mm it replaced at exec), so a big benchmark process would show up as
+        // the child's peak. The VmHWM of the child's own (post-exec) memory is what counts.
+        peak_rss_bytes: polled_peak,
+        ..Sample::default()
+    };
+    machine.finish(&mut sample);
     let stdout = String::from_utf8_lossy(&out_reader.join().unwrap_or_default()).into_owned();
     let stderr = err_reader.join().unwrap_or_default();
     let tail = &stderr[stderr.len().saturating_sub(4096)..];
     Ok(MeasuredRun {
         status: ExitStatus::from_raw(raw_status),
-        sample: Sample {
-            seconds,
-            cpu_seconds: timeval(usage.ru_utime) + timeval(usage.ru_stime),
-            // Not ru_maxrss: on Linux a child's ru_maxrss includes the RSS its parent had when it
-            // forked (the mm it replaced at exec), so a big benchmark process would show up as
-            // the child's peak. The VmHWM of the child's own (post-exec) memory is what counts.
-            peak_rss_bytes: polled_peak,
-            machine_cpu_seconds,
-            ..Sample::default()
-        },
+        sample,
         stderr_tail: String::from_utf8_lossy(tail).into_owned(),
         stdout,
     })
@@ -384,6 +444,50 @@ mod tests {
         assert_eq!(busy_ticks("cpu0 1 2 3 4 5 6 7\n"), None);
         assert_eq!(busy_ticks("cpu  1 2 3 4 5\n"), None);
         assert_eq!(busy_ticks("cpu  1 2 x 4 5 6 7\n"), None);
+    }
+
+    #[test]
+    fn steal_is_the_eighth_number_and_memory_stalls_the_some_total() {
+        let stat = "cpu  3113678 70880 2969927 5073388 426945 7 140966 5326 0 0\n";
+        assert_eq!(steal_ticks(stat), Some(5326));
+        // Kernels before 2.6.11 had no steal column.
+        assert_eq!(steal_ticks("cpu  1 2 3 4 5 6 7\n"), None);
+        let pressure = "some avg10=0.00 avg60=0.12 avg300=0.40 total=1234567\n\
+                        full avg10=0.00 avg60=0.00 avg300=0.00 total=99\n";
+        assert_eq!(pressure_some_total_us(pressure), Some(1_234_567));
+        assert_eq!(pressure_some_total_us("full avg10=0.00 total=99\n"), None);
+        assert_eq!(pressure_some_total_us("some avg10=0.00 total=x\n"), None);
+    }
+
+    /// The machine-wide figures of a real run: the counters are read, and they grow by no more
+    /// than the run's wall time (memory stalls) or its wall time on every CPU (steal).
+    #[test]
+    fn a_run_reads_the_machines_steal_and_memory_stalls() {
+        let run = run_measured(Command::new("sh").args(["-c", "sleep 0.05"])).unwrap();
+        let sample = run.sample;
+        let steal = sample.steal_seconds.expect("/proc/stat has a steal column");
+        let cpus = std::fs::read_to_string("/proc/stat")
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count();
+        assert!(
+            steal <= sample.seconds * cpus as f64 + 0.04,
+            "steal {steal} s in {} s",
+            sample.seconds
+        );
+        if std::path::Path::new("/proc/pressure/memory").exists() {
+            let stall = sample
+                .memory_stall_seconds
+                .expect("pressure stall information");
+            assert!(
+                stall <= sample.seconds + 0.001,
+                "stall {stall} s in {} s",
+                sample.seconds
+            );
+        } else {
+            assert_eq!(sample.memory_stall_seconds, None);
+        }
     }
 
     #[test]

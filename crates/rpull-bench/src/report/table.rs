@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{cpu_median, or_dash, peak_rss_mb, rate, seconds, sync_median};
+use super::{cpu_median, host_note, or_dash, peak_rss_mb, rate, seconds, sync_median};
 use crate::sweep::format_value;
 use crate::{BenchReport, Summary};
 
@@ -147,6 +147,9 @@ pub fn render_table(report: &BenchReport) -> String {
         {
             let _ = writeln!(out, "  {}: note: {note}", stage.stage);
         }
+        if let Some(note) = host_note(&stage.samples) {
+            let _ = writeln!(out, "  {}: note: {note}", stage.stage);
+        }
     }
 
     if !report.peers.is_empty() {
@@ -184,7 +187,7 @@ pub fn render_table(report: &BenchReport) -> String {
         }
         peers.render(&mut out);
         for peer in &report.peers {
-            for note in &peer.notes {
+            for note in peer.notes.iter().chain(&host_note(&peer.samples)) {
                 let _ = writeln!(out, "  {}: note: {note}", peer.tool);
             }
         }

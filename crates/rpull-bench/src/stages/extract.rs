@@ -14,9 +14,7 @@ use rpull_extract::{
 
 use super::{CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, stage_result};
 use crate::error::BenchError;
-use crate::resources::{
-    filesystem_type, machine_cpu_seconds, machine_cpu_since, run_measured, syncfs,
-};
+use crate::resources::{MachineMeter, filesystem_type, run_measured, syncfs};
 use crate::{Sample, StageResult};
 
 /// Where an extraction stage writes.
@@ -207,7 +205,7 @@ impl TarRuns {
         fs_err::create_dir_all(&root).map_err(|e| BenchError::io("creating", &root, e))?;
         cache.before_run(&mut self.notes);
         let started = Instant::now();
-        let machine_started = machine_cpu_seconds();
+        let machine = MachineMeter::start();
         let mut sample = Sample::default();
         for layer in &layers.layers {
             let mut command = Command::new(program);
@@ -234,7 +232,7 @@ impl TarRuns {
             }
         }
         sample.seconds = started.elapsed().as_secs_f64();
-        sample.machine_cpu_seconds = machine_cpu_since(machine_started);
+        machine.finish(&mut sample);
         if self.stopped.is_none() {
             sample.sync_seconds = Some(
                 syncfs(&root)

@@ -13,9 +13,7 @@ use rpull::registry::{Client, Descriptor, ResolvedImage};
 use rpull::{Platform, Reference};
 
 use crate::error::BenchError;
-use crate::resources::{
-    machine_cpu_seconds, machine_cpu_since, peak_rss_bytes, process_cpu_seconds, reset_peak_rss,
-};
+use crate::resources::{MachineMeter, peak_rss_bytes, process_cpu_seconds, reset_peak_rss};
 use crate::{Sample, StageResult, Summary};
 
 pub use decompress::{DecompressMode, decompress};
@@ -136,7 +134,7 @@ fn rpull_is_root() -> bool {
 pub(crate) struct Meter {
     started: Instant,
     cpu: f64,
-    machine_cpu: Option<f64>,
+    machine: MachineMeter,
     rss_reset: bool,
 }
 
@@ -146,17 +144,16 @@ impl Meter {
         Meter {
             started: Instant::now(),
             cpu: process_cpu_seconds(),
-            machine_cpu: machine_cpu_seconds(),
+            machine: MachineMeter::start(),
             rss_reset,
         }
     }
 
     /// The sample so far; byte and file counts are the caller's.
     pub(crate) fn stop(self) -> Sample {
-        Sample {
+        let mut sample = Sample {
             seconds: self.started.elapsed().as_secs_f64(),
             cpu_seconds: (process_cpu_seconds() - self.cpu).max(0.0),
-            machine_cpu_seconds: machine_cpu_since(self.machine_cpu),
             // Without the reset the high-water mark would cover everything before this run.
             peak_rss_bytes: if self.rss_reset {
                 peak_rss_bytes()
@@ -164,7 +161,9 @@ impl Meter {
                 None
             },
             ..Sample::default()
-        }
+        };
+        self.machine.finish(&mut sample);
+        sample
     }
 }
 
