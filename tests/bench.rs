@@ -368,9 +368,15 @@ fn bench_json_matches_the_documented_schema() {
 }
 
 #[test]
-fn bench_runs_every_stage_and_the_pull_once_per_round() {
+fn bench_runs_every_stage_the_pull_and_the_peers_once_per_round() {
     let (_registry, reference) = registry_with_image();
     let work = tempfile::tempdir().unwrap();
+    // No tools but skopeo (installed by scripts/test), the one peer that needs no daemon.
+    let tools = work.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    let skopeo = rpull_bench::peers::find_executable("skopeo", &std::env::var_os("PATH").unwrap())
+        .expect("skopeo is installed (scripts/test installs it)");
+    std::os::unix::fs::symlink(&skopeo, tools.join("skopeo")).unwrap();
     let output = rpull(
         &[
             "bench",
@@ -382,8 +388,10 @@ fn bench_runs_every_stage_and_the_pull_once_per_round() {
             "--json",
             "--plain-http",
             "--tmpfs",
+            "--compare",
+            "skopeo,crane",
         ],
-        work.path(),
+        &tools,
     );
     let report: Value = serde_json::from_str(&ok_stdout(&output)).unwrap();
     // The progress lines, in the order the work was done.
@@ -396,20 +404,26 @@ fn bench_runs_every_stage_and_the_pull_once_per_round() {
                 "round round=2",
                 "stage network",
                 "stage end-to-end",
+                "peer skopeo",
+                "peer crane",
             ]
             .into_iter()
             .find(|step| line.ends_with(step) || line.contains(&format!("{step} ")))
         })
         .collect();
+    // crane is not installed: tried in the first round only.
     assert_eq!(
         order,
         [
             "round round=1",
             "stage network",
             "stage end-to-end",
+            "peer skopeo",
+            "peer crane",
             "round round=2",
             "stage network",
-            "stage end-to-end"
+            "stage end-to-end",
+            "peer skopeo",
         ],
         "{stderr}"
     );
@@ -422,6 +436,32 @@ fn bench_runs_every_stage_and_the_pull_once_per_round() {
         };
         assert_eq!(stage["samples"].as_array().unwrap().len(), runs, "{stage}");
     }
+    // skopeo has a run of each round; crane has the reason it has no number.
+    let peers = report["peers"].as_array().unwrap();
+    assert_eq!(peers[0]["tool"], "skopeo");
+    assert_eq!(
+        peers[0]["samples"].as_array().unwrap().len(),
+        2,
+        "{}",
+        peers[0]
+    );
+    assert!(peers[0]["skipped"].is_null());
+    assert!(
+        peers[0]["version"]
+            .as_str()
+            .unwrap()
+            .starts_with("skopeo version")
+    );
+    assert_eq!(peers[1]["tool"], "crane");
+    assert!(peers[1]["samples"].as_array().unwrap().is_empty());
+    assert!(
+        peers[1]["skipped"]
+            .as_str()
+            .unwrap()
+            .starts_with("not installed: `crane`"),
+        "{}",
+        peers[1]
+    );
 }
 
 #[test]

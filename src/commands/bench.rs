@@ -4,7 +4,7 @@ use std::io::Write as _;
 use anyhow::{Context, bail};
 use rpull::Reference;
 use rpull_bench::generate::{GenerateOptions, parse_sizes};
-use rpull_bench::peers::{PeerContext, parse_peers, run_peers};
+use rpull_bench::peers::parse_peers;
 use rpull_bench::stages::{CachePolicy, PullCommand};
 use rpull_bench::{Bench, BenchOptions, Destination, report};
 
@@ -48,6 +48,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     options.concurrency = args.concurrency.clone();
     options.clients = args.clients.clone();
+    options.peers = peers;
     options.cache = CachePolicy::for_current_user(args.warm);
     options.pull = Some(PullCommand {
         program: std::env::current_exe()
@@ -59,16 +60,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let bench = Bench::prepare(&client, options)
         .await
         .with_context(|| format!("preparing the benchmark of {reference}"))?;
-    let mut report = bench
+    let report = bench
         .run()
         .await
         .with_context(|| format!("measuring {reference}"))?;
-    if !peers.is_empty() {
-        let mut context = PeerContext::new(reference_text, bench.peer_work_dir());
-        context.runs = args.runs as usize;
-        context.cold = bench.options().cache.is_cold();
-        report.peers = run_peers(&peers, &context).await;
-    }
     drop(bench);
 
     if let Some(path) = &args.plot {

@@ -9,12 +9,13 @@ use tempfile::TempDir;
 use tracing::info;
 
 use crate::error::BenchError;
+use crate::peers::{Peer, PeerContext, merge_peer_rounds, run_peer};
 use crate::resources::{cpus, filesystem_type, machine_info};
 use crate::stages::{
     self, BenchImage, CachePolicy, DecompressMode, ExtractTarget, FetchMode, ImageSize,
     LocalLayers, PullCommand, TarReference, skipped_stage,
 };
-use crate::{BenchReport, FloorTerms, StageResult, SweepResult, sweep};
+use crate::{BenchReport, FloorTerms, PeerResult, StageResult, SweepResult, sweep};
 
 /// The version of the `--json` schema (docs/bench-json.md).
 pub const SCHEMA_VERSION: u32 = 1;
@@ -69,6 +70,10 @@ pub struct BenchOptions {
     /// GNU tar, run beside each extract stage as its reference (`tar-tmpfs`, `tar-disk`);
     /// `None` reports those stages skipped. Default: `tar` from PATH.
     pub tar: Option<PathBuf>,
+    /// Peer tools (`--compare`), each run once per round after the pull, cold like it, with
+    /// their data on the destination's filesystem. Their PATH is this process's, plus
+    /// `$HOME/go/bin`. Default: none.
+    pub peers: Vec<Peer>,
 }
 
 impl BenchOptions {
@@ -89,6 +94,7 @@ impl BenchOptions {
             clients: Vec::new(),
             tar: std::env::var_os("PATH")
                 .and_then(|path| crate::peers::find_executable("tar", &path)),
+            peers: Vec::new(),
         }
     }
 }
@@ -226,8 +232,8 @@ impl Bench {
         &self.options
     }
 
-    /// Runs every stage and the pull in rounds (each once per round, in the order of the
-    /// report), then the sweeps, and computes the floor. `peers` is left empty.
+    /// Runs every stage, the pull and the peers in rounds (each once per round, in the order of
+    /// the report), then the sweeps, and computes the floor.
     pub async fn run(&self) -> Result<BenchReport, BenchError> {
         let options = &self.options;
         let (runs, cache) = (options.runs, &options.cache);
@@ -246,6 +252,8 @@ impl Bench {
         // another's would turn into a bias of the floor against the pull.
         // The runs of each stage so far, in the report's order of stages.
         let mut by_stage: Vec<Vec<StageResult>> = Vec::new();
+        // The peers' runs so far, in the order of `options.peers`.
+        let mut by_peer: Vec<Vec<PeerResult>> = vec![Vec::new(); options.peers.len()];
         for round in 0..runs {
             info!(round = round + 1, of = runs, "round");
             let results = self.round(&local, size, &reference, round).await?;
@@ -253,11 +261,13 @@ impl Bench {
             for (stage_runs, result) in by_stage.iter_mut().zip(results) {
                 stage_runs.push(result);
             }
+            self.peer_round(&reference, &mut by_peer).await?;
         }
         let results: Vec<StageResult> = by_stage
             .into_iter()
             .filter_map(stages::merge_rounds)
             .collect();
+        let peers: Vec<PeerResult> = by_peer.into_iter().filter_map(merge_peer_rounds).collect();
 
         let sweeps = self.sweeps(size).await?;
         let destination_fs = filesystem_type(self.pull_dir.parent().unwrap_or(&self.pull_dir));
@@ -292,7 +302,7 @@ impl Bench {
             pipeline_floor_seconds,
             machine_floor_seconds,
             floor,
-            peers: Vec::new(),
+            peers,
             sweeps,
             cache_note: cache.note(),
         })
@@ -369,6 +379,27 @@ impl Bench {
             )),
         }
         Ok(results)
+    }
+
+    /// One run of each peer, in the order given, after the round's pull: the ratios of the pull
+    /// to the peers are then of runs minutes apart at most, as the stages' are. A peer without a
+    /// number in an earlier round (not installed, failed) is not run again.
+    async fn peer_round(
+        &self,
+        reference: &str,
+        by_peer: &mut [Vec<PeerResult>],
+    ) -> Result<(), BenchError> {
+        for (&peer, rounds) in self.options.peers.iter().zip(by_peer.iter_mut()) {
+            if rounds.iter().any(|result| result.skipped.is_some()) {
+                continue;
+            }
+            info!("peer {}", peer.name());
+            let mut context = PeerContext::new(reference, self.peer_dir.path());
+            context.runs = 1;
+            context.cold = self.options.cache.is_cold();
+            rounds.push(blocking(move || Ok(run_peer(peer, &context))).await?);
+        }
+        Ok(())
     }
 
     /// Run `round` of an extract stage and of its GNU tar reference (`tar_stage`), one after the

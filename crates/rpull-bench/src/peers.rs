@@ -241,6 +241,42 @@ pub async fn run_peers(peers: &[Peer], ctx: &PeerContext) -> Vec<PeerResult> {
     }
 }
 
+/// Joins one peer's results of one run each (`rpull bench` runs each peer once per round) into
+/// the result of all its runs: the samples in round order, the version and options of the first
+/// round, each note once and the spread note over all the runs. A round without a number makes
+/// the whole result one without a number, with that round's reason. An empty list is `None`.
+pub fn merge_peer_rounds(parts: Vec<PeerResult>) -> Option<PeerResult> {
+    let first = parts.first()?;
+    if let Some(failed) = parts.iter().find(|part| part.skipped.is_some()) {
+        return Some(PeerResult {
+            samples: Vec::new(),
+            seconds: None,
+            ..failed.clone()
+        });
+    }
+    let (tool, does) = (first.tool.clone(), first.does.clone());
+    let (version, options) = (first.version.clone(), first.options.clone());
+    let mut notes: Vec<String> = Vec::new();
+    for note in parts.iter().flat_map(|part| &part.notes) {
+        if !notes.contains(note) {
+            notes.push(note.clone());
+        }
+    }
+    let samples: Vec<Sample> = parts.into_iter().flat_map(|part| part.samples).collect();
+    let seconds: Vec<f64> = samples.iter().map(|s| s.seconds).collect();
+    notes.extend(crate::stages::spread_note(&seconds));
+    Some(PeerResult {
+        tool,
+        does,
+        version,
+        options,
+        seconds: Summary::of(&seconds),
+        samples,
+        skipped: None,
+        notes,
+    })
+}
+
 fn skipped(peer: Peer, version: Option<String>, options: String, reason: String) -> PeerResult {
     PeerResult {
         tool: peer.name().to_owned(),
@@ -774,6 +810,44 @@ mod tests {
                 .notes
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn rounds_join_into_the_result_of_all_their_runs() {
+        let round = |seconds: f64| {
+            ran(
+                Peer::Skopeo,
+                Some("skopeo version 1.9.3".into()),
+                "skopeo copy".into(),
+                vec![Sample {
+                    seconds,
+                    ..Sample::default()
+                }],
+            )
+        };
+        assert!(merge_peer_rounds(Vec::new()).is_none());
+        let merged = merge_peer_rounds(vec![round(2.0), round(1.0), round(4.0)]).unwrap();
+        let seconds: Vec<f64> = merged.samples.iter().map(|s| s.seconds).collect();
+        assert_eq!(seconds, [2.0, 1.0, 4.0], "round order");
+        let summary = merged.seconds.unwrap();
+        assert_eq!((summary.median, summary.min, summary.max), (2.0, 1.0, 4.0));
+        assert_eq!(merged.version.as_deref(), Some("skopeo version 1.9.3"));
+        assert_eq!(merged.options, "skopeo copy");
+        assert!(merged.skipped.is_none());
+        // One run per round has no spread of its own; over the rounds, 1 to 4 s is spread.
+        assert_eq!(merged.notes.len(), 1, "{:?}", merged.notes);
+        assert!(merged.notes[0].starts_with("runs spread from 1.00 to 4.00 s"));
+
+        // A round without a number: the peer has none, with that round's reason.
+        let failed = skipped(
+            Peer::Skopeo,
+            None,
+            "skopeo copy".into(),
+            "failed: boom".into(),
+        );
+        let merged = merge_peer_rounds(vec![round(1.0), failed]).unwrap();
+        assert_eq!(merged.skipped.as_deref(), Some("failed: boom"));
+        assert!(merged.samples.is_empty() && merged.seconds.is_none());
     }
 
     #[test]
