@@ -230,29 +230,28 @@ impl Merge<'_, '_> {
                 Err(errno) => Err(io_error(path, "moving staged entry to", errno)),
             };
         }
-        match self.backend.rename(staged, name, root, name, true) {
+        let inspect =
+            || file_type_at(root, name).map_err(|errno| io_error(path, "inspecting", errno));
+        let root_type = match self.backend.rename(staged, name, root, name, true) {
             Ok(()) => {
                 self.stats.renamed += 1;
                 return Ok(());
             }
-            Err(Errno::EXIST) => {}
+            Err(Errno::EXIST) => inspect()?,
             // File systems without RENAME_NOREPLACE: look before renaming.
-            Err(Errno::INVAL | Errno::NOSYS)
-                if file_type_at(root, name)
-                    .map_err(|errno| io_error(path, "inspecting", errno))?
-                    .is_none() =>
-            {
-                self.backend
-                    .rename(staged, name, root, name, false)
-                    .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
-                self.stats.renamed += 1;
-                return Ok(());
+            Err(Errno::INVAL | Errno::NOSYS) => {
+                let root_type = inspect()?;
+                if root_type.is_none() {
+                    self.backend
+                        .rename(staged, name, root, name, false)
+                        .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
+                    self.stats.renamed += 1;
+                    return Ok(());
+                }
+                root_type
             }
-            Err(Errno::INVAL | Errno::NOSYS) => {}
             Err(errno) => return Err(io_error(path, "moving staged entry to", errno)),
-        }
-        let root_type =
-            file_type_at(root, name).map_err(|errno| io_error(path, "inspecting", errno))?;
+        };
         if root_type == Some(FileType::Directory) {
             let staged_child = rustix::fs::openat(staged, name, DIR_READ_FLAGS, Mode::empty())
                 .map_err(|errno| io_error(path, "opening staged directory", errno))?;
@@ -278,14 +277,20 @@ impl Merge<'_, '_> {
         name: &CStr,
         path: &[u8],
     ) -> Result<(), ExtractError> {
-        match remove_all_at(&mut *self.backend, root, name) {
-            Ok(()) | Err(Errno::NOENT) => {}
+        // Gone already (something else deleting in the tree): then this is a plain rename.
+        let removed = match remove_all_at(&mut *self.backend, root, name) {
+            Ok(()) => true,
+            Err(Errno::NOENT) => false,
             Err(errno) => return Err(io_error(path, "removing replaced", errno)),
-        }
+        };
         self.backend
             .rename(staged, name, root, name, false)
             .map_err(|errno| io_error(path, "moving staged entry to", errno))?;
-        self.stats.replaced += 1;
+        if removed {
+            self.stats.replaced += 1;
+        } else {
+            self.stats.renamed += 1;
+        }
         Ok(())
     }
 
