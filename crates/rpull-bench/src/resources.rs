@@ -459,6 +459,16 @@ mod tests {
         assert_eq!(pressure_some_total_us("some avg10=0.00 total=x\n"), None);
     }
 
+    /// All the machine's CPUs (the `cpuN` lines of `/proc/stat`), which may be more than this
+    /// process may use.
+    fn stat_cpus() -> usize {
+        std::fs::read_to_string("/proc/stat")
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count()
+    }
+
     /// The machine-wide figures of a real run: the counters are read, and they grow by no more
     /// than the run's wall time (memory stalls) or its wall time on every CPU (steal).
     #[test]
@@ -466,13 +476,8 @@ mod tests {
         let run = run_measured(Command::new("sh").args(["-c", "sleep 0.05"])).unwrap();
         let sample = run.sample;
         let steal = sample.steal_seconds.expect("/proc/stat has a steal column");
-        let cpus = std::fs::read_to_string("/proc/stat")
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
-            .count();
         assert!(
-            steal <= sample.seconds * cpus as f64 + 0.04,
+            steal <= sample.seconds * stat_cpus() as f64 + 0.04,
             "steal {steal} s in {} s",
             sample.seconds
         );
@@ -505,14 +510,8 @@ mod tests {
             "machine {machine} s against the child's own {} s",
             run.sample.cpu_seconds
         );
-        // All the machine's CPUs, which may be more than this process may use.
-        let all_cpus = std::fs::read_to_string("/proc/stat")
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
-            .count();
         assert!(
-            machine <= run.sample.seconds * all_cpus as f64 + 0.04,
+            machine <= run.sample.seconds * stat_cpus() as f64 + 0.04,
             "machine {machine} s in {} s of wall time",
             run.sample.seconds
         );
