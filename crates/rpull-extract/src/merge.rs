@@ -14,7 +14,7 @@ use crate::backend::{IoBackend, new_backend};
 use crate::error::{ExtractError, invalid, io_error};
 use crate::name::split_parent;
 use crate::options::ExtractOptions;
-use crate::remove::{Listed, list_dir, remove_all_at, remove_children};
+use crate::remove::{Listed, list_dir, remove_all_at, remove_children, remove_typed};
 use crate::resolve::{Tree, file_type_at, lossy, walk_beneath};
 use crate::summary::{LayerSummary, MergeStats};
 
@@ -226,7 +226,9 @@ impl Merge<'_, '_> {
                     self.stats.renamed += 1;
                     Ok(())
                 }
-                Err(Errno::ISDIR) => self.replace(root, staged, name, path),
+                Err(Errno::ISDIR) => {
+                    self.replace(root, staged, name, Some(FileType::Directory), path)
+                }
                 Err(errno) => Err(io_error(path, "moving staged entry to", errno)),
             };
         }
@@ -266,7 +268,7 @@ impl Merge<'_, '_> {
         // A staged directory replaces the root's non-directory (an explicit directory entry
         // replaces a symlink, as moby's createTarFile does): rename cannot swap kinds, so the
         // root's entry goes first.
-        self.replace(root, staged, name, path)
+        self.replace(root, staged, name, root_type, path)
     }
 
     /// Removes the root's entry `name` (recursively) and renames the staged one in.
@@ -275,10 +277,13 @@ impl Merge<'_, '_> {
         root: BorrowedFd<'_>,
         staged: BorrowedFd<'_>,
         name: &CStr,
+        root_type: Option<FileType>,
         path: &[u8],
     ) -> Result<(), ExtractError> {
-        // Gone already (something else deleting in the tree): then this is a plain rename.
-        let removed = match remove_all_at(&mut *self.backend, root, name) {
+        // The root entry's type, where a failed rename or a look told it, spares a directory the
+        // unlink that would fail first. Gone already (something else deleting in the tree): then
+        // this is a plain rename.
+        let removed = match remove_typed(&mut *self.backend, root, name, root_type) {
             Ok(()) => true,
             Err(Errno::NOENT) => false,
             Err(errno) => return Err(io_error(path, "removing replaced", errno)),
@@ -436,4 +441,38 @@ fn remove_staged(backend: &mut dyn IoBackend, staged: &Path) -> Result<(), Extra
     .map_err(|errno| io_error(bytes, "opening parent of staging directory", errno))?;
     remove_all_at(backend, parent.as_fd(), &c_name(name.as_bytes(), bytes)?)
         .map_err(|errno| io_error(bytes, "removing staging directory", errno))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::remove::tests::Recording;
+
+    /// A file of a later layer over a directory of an earlier one: the rename that fails with
+    /// `EISDIR` has told the directory's type, so its removal makes no failing unlink. The only
+    /// one left is the staging directory's own, whose type nothing told.
+    #[test]
+    fn a_directory_replaced_by_a_file_is_removed_without_a_failing_unlink() {
+        let temp = tempfile::tempdir().unwrap();
+        let (root, staged) = (temp.path().join("root"), temp.path().join("staged"));
+        fs::create_dir_all(root.join("d/sub")).unwrap();
+        fs::write(root.join("d/sub/f"), "old").unwrap();
+        fs::create_dir(&staged).unwrap();
+        fs::write(staged.join("d"), "new").unwrap();
+
+        let mut backend = Recording::new();
+        let stats = merge_with(&root, &staged, &LayerSummary::default(), &mut backend).unwrap();
+
+        assert_eq!(fs::read(root.join("d")).unwrap(), b"new");
+        assert_eq!(stats.replaced, 1);
+        assert!(!staged.exists());
+        assert_eq!(
+            backend.failed(),
+            [("staged".to_owned(), false, Some(Errno::ISDIR))],
+            "{:?}",
+            backend.unlinks
+        );
+    }
 }

@@ -19,9 +19,9 @@ pub(crate) fn remove_all_at(
     remove_typed(backend, dir, name, None)
 }
 
-/// [`remove_all_at`], with the type a directory listing gave: a directory is opened and emptied
-/// straight away, without first trying to unlink it as a file.
-fn remove_typed(
+/// [`remove_all_at`], with the type a directory listing (or a failed rename) gave: a directory is
+/// opened and emptied straight away, without first trying to unlink it as a file.
+pub(crate) fn remove_typed(
     backend: &mut dyn IoBackend,
     dir: BorrowedFd<'_>,
     name: &CStr,
@@ -103,7 +103,7 @@ pub(crate) fn list_dir(dir: BorrowedFd<'_>) -> Result<Vec<Listed>, Errno> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::BufRead;
 
     use super::*;
@@ -112,9 +112,27 @@ mod tests {
 
     /// The std backend, recording each unlink: the name, `remove_dir`, and whether it failed.
     #[derive(Debug)]
-    struct Recording {
+    pub(crate) struct Recording {
         inner: StdBackend,
-        unlinks: Vec<(String, bool, Option<Errno>)>,
+        pub(crate) unlinks: Vec<(String, bool, Option<Errno>)>,
+    }
+
+    impl Recording {
+        pub(crate) fn new() -> Recording {
+            Recording {
+                inner: StdBackend::new(false),
+                unlinks: Vec::new(),
+            }
+        }
+
+        /// The unlinks that failed, with their error.
+        pub(crate) fn failed(&self) -> Vec<(String, bool, Option<Errno>)> {
+            self.unlinks
+                .iter()
+                .filter(|(_, _, error)| error.is_some())
+                .cloned()
+                .collect()
+        }
     }
 
     impl IoBackend for Recording {
@@ -161,22 +179,14 @@ mod tests {
         std::fs::write(root.join("d/sub/deeper/g"), "g").unwrap();
         std::os::unix::fs::symlink(&outside, root.join("d/sub/link")).unwrap();
         let dir = std::fs::File::open(&root).unwrap();
-        let mut backend = Recording {
-            inner: StdBackend::new(false),
-            unlinks: Vec::new(),
-        };
+        let mut backend = Recording::new();
         remove_all_at(&mut backend, dir.as_fd(), c"d").unwrap();
 
         assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
         assert_eq!(std::fs::read(outside.join("kept")).unwrap(), b"x");
-        let failed: Vec<_> = backend
-            .unlinks
-            .iter()
-            .filter(|(_, _, error)| error.is_some())
-            .collect();
         assert_eq!(
-            failed,
-            [&("d".to_owned(), false, Some(Errno::ISDIR))],
+            backend.failed(),
+            [("d".to_owned(), false, Some(Errno::ISDIR))],
             "{:?}",
             backend.unlinks
         );
