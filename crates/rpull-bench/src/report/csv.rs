@@ -2,10 +2,10 @@
 //! describes the columns).
 
 use super::{cpu_median, peak_rss_mb, sync_median};
-use crate::{BenchReport, Summary};
+use crate::{BenchReport, Sample, Summary};
 
 /// The first line of `--csv`.
-pub const CSV_HEADER: &str = "kind,name,value,count,median_s,min_s,max_s,mean_s,p90_s,mb_per_s_in,mb_per_s_out,files_per_s,cpu_s,peak_rss_mb,sync_s,note";
+pub const CSV_HEADER: &str = "kind,name,value,count,median_s,min_s,max_s,mean_s,p90_s,mb_per_s_in,mb_per_s_out,files_per_s,cpu_s,peak_rss_mb,sync_s,machine_cpu_s,steal_max_s,memory_stall_max_s,note";
 
 /// One row's cells, in [`CSV_HEADER`] order.
 #[derive(Default)]
@@ -23,6 +23,9 @@ struct Row {
     cpu: Option<f64>,
     rss_mb: Option<f64>,
     sync: Option<f64>,
+    machine_cpu: Option<f64>,
+    steal_max: Option<f64>,
+    stall_max: Option<f64>,
     note: String,
 }
 
@@ -39,7 +42,27 @@ fn field(text: &str) -> String {
     }
 }
 
+/// Median of a machine-wide figure over the samples that read it.
+fn median_of(samples: &[Sample], figure: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+    let values: Vec<f64> = samples.iter().filter_map(figure).collect();
+    Summary::of(&values).map(|s| s.median)
+}
+
+/// The largest value of a machine-wide figure over the samples that read it: the run the host
+/// disturbed most.
+fn max_of(samples: &[Sample], figure: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+    samples.iter().filter_map(figure).reduce(f64::max)
+}
+
 impl Row {
+    /// The machine-wide cells of a stage or peer row.
+    fn with_machine(mut self, samples: &[Sample]) -> Row {
+        self.machine_cpu = median_of(samples, |s| s.machine_cpu_seconds);
+        self.steal_max = max_of(samples, |s| s.steal_seconds);
+        self.stall_max = max_of(samples, |s| s.memory_stall_seconds);
+        self
+    }
+
     fn render(&self) -> String {
         [
             self.kind.to_owned(),
@@ -57,6 +80,9 @@ impl Row {
             number(self.cpu),
             number(self.rss_mb),
             number(self.sync),
+            number(self.machine_cpu),
+            number(self.steal_max),
+            number(self.stall_max),
             field(&self.note),
         ]
         .join(",")
@@ -67,43 +93,49 @@ impl Row {
 pub fn render_csv(report: &BenchReport) -> String {
     let mut rows = Vec::new();
     for stage in &report.stages {
-        rows.push(Row {
-            kind: "stage",
-            name: stage.stage.clone(),
-            count: stage.samples.len(),
-            seconds: stage.seconds,
-            mb_in: stage.mb_per_s_in,
-            mb_out: stage.mb_per_s_out,
-            files_per_s: stage.files_per_s,
-            cpu: cpu_median(&stage.samples),
-            rss_mb: peak_rss_mb(&stage.samples),
-            sync: sync_median(&stage.samples),
-            note: stage.notes.join("; "),
-            ..Row::default()
-        });
+        rows.push(
+            Row {
+                kind: "stage",
+                name: stage.stage.clone(),
+                count: stage.samples.len(),
+                seconds: stage.seconds,
+                mb_in: stage.mb_per_s_in,
+                mb_out: stage.mb_per_s_out,
+                files_per_s: stage.files_per_s,
+                cpu: cpu_median(&stage.samples),
+                rss_mb: peak_rss_mb(&stage.samples),
+                sync: sync_median(&stage.samples),
+                note: stage.notes.join("; "),
+                ..Row::default()
+            }
+            .with_machine(&stage.samples),
+        );
     }
     for peer in &report.peers {
-        rows.push(Row {
-            kind: "peer",
-            name: peer.tool.clone(),
-            count: peer.samples.len(),
-            seconds: peer.seconds,
-            mb_in: peer
-                .seconds
-                .and_then(|s| crate::stages::mb_per_s(report.compressed_bytes, s.median)),
-            cpu: cpu_median(&peer.samples),
-            rss_mb: peak_rss_mb(&peer.samples),
-            sync: sync_median(&peer.samples),
-            note: match &peer.skipped {
-                Some(reason) => format!("no number: {reason}"),
-                None => std::iter::once(&peer.does)
-                    .chain(&peer.notes)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            },
-            ..Row::default()
-        });
+        rows.push(
+            Row {
+                kind: "peer",
+                name: peer.tool.clone(),
+                count: peer.samples.len(),
+                seconds: peer.seconds,
+                mb_in: peer
+                    .seconds
+                    .and_then(|s| crate::stages::mb_per_s(report.compressed_bytes, s.median)),
+                cpu: cpu_median(&peer.samples),
+                rss_mb: peak_rss_mb(&peer.samples),
+                sync: sync_median(&peer.samples),
+                note: match &peer.skipped {
+                    Some(reason) => format!("no number: {reason}"),
+                    None => std::iter::once(&peer.does)
+                        .chain(&peer.notes)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                },
+                ..Row::default()
+            }
+            .with_machine(&peer.samples),
+        );
     }
     for sweep in &report.sweeps {
         for point in &sweep.points {
@@ -153,5 +185,33 @@ mod tests {
         // Quoted commas do not count.
         let unquoted: String = row.split('"').step_by(2).collect();
         assert_eq!(unquoted.matches(',').count() + 1, columns, "{row}");
+    }
+
+    #[test]
+    fn machine_cells_are_the_median_and_the_worst_run() {
+        let sample = |machine: f64, steal: Option<f64>, stall: Option<f64>| Sample {
+            machine_cpu_seconds: Some(machine),
+            steal_seconds: steal,
+            memory_stall_seconds: stall,
+            ..Sample::default()
+        };
+        let samples = [
+            sample(1.0, Some(0.02), None),
+            sample(3.0, Some(0.31), None),
+            sample(2.0, Some(0.0), None),
+        ];
+        let row = Row {
+            kind: "stage",
+            ..Row::default()
+        }
+        .with_machine(&samples)
+        .render();
+        let header: Vec<&str> = CSV_HEADER.split(',').collect();
+        let cells: Vec<&str> = row.split(',').collect();
+        let cell = |name: &str| cells[header.iter().position(|h| *h == name).unwrap()];
+        assert_eq!(cell("machine_cpu_s"), "2.000000");
+        assert_eq!(cell("steal_max_s"), "0.310000");
+        // No run read the pressure file: the cell is empty, not zero.
+        assert_eq!(cell("memory_stall_max_s"), "");
     }
 }
