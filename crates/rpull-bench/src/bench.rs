@@ -246,6 +246,8 @@ impl Bench {
             entries: local.entries(),
         };
         let reference = options.reference.to_string();
+        // What each run allocates at most, for priming free memory (resources::drop_caches).
+        crate::resources::set_run_memory(size.tar_bytes);
 
         // Round by round, every stage once and then the pull, so that stages and pull meet the
         // same machine: on these VMs its speed drifts over minutes, which one stage's runs after

@@ -5,6 +5,7 @@ use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::{MachineInfo, Sample};
@@ -327,12 +328,95 @@ fn wait4(pid: libc::pid_t) -> io::Result<(i32, libc::rusage)> {
 }
 
 /// Writes back dirty data and drops the page cache, dentries and inodes, so the next run is
-/// cold. Needs root; the error says why it could not.
+/// cold; then, on a machine that gives freed memory back to its host ([`free_page_reporting`]),
+/// touches and frees [`prime_bytes`] of memory ([`prime_free_memory`]), so that every run starts
+/// with free memory its host backs. Needs root; the error says why it could not.
 pub fn drop_caches() -> Result<(), String> {
     // SAFETY: sync() takes no arguments and cannot fail.
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", "3")
-        .map_err(|e| format!("could not drop caches ({e}); runs are not cold"))
+        .map_err(|e| format!("could not drop caches ({e}); runs are not cold"))?;
+    if free_page_reporting() {
+        prime_free_memory(prime_bytes())?;
+    }
+    Ok(())
+}
+
+/// Whether a virtio balloon of this machine reports free memory to its host
+/// (`VIRTIO_BALLOON_F_REPORTING`, feature bit 5 of device 5): the host then unmaps each block the
+/// guest has left free for a few seconds, and faults it in again, zeroed, when the guest next
+/// uses it. That cost lands on whichever run next allocates that memory (page cache, tmpfs
+/// pages), and not on another, so runs that should be alike are not (docs/performance.md).
+pub fn free_page_reporting() -> bool {
+    let Ok(devices) = std::fs::read_dir("/sys/bus/virtio/devices") else {
+        return false;
+    };
+    devices.flatten().any(|device| {
+        let read = |name: &str| std::fs::read_to_string(device.path().join(name));
+        match (read("device"), read("features")) {
+            (Ok(id), Ok(features)) => balloon_reports(&id, &features),
+            _ => false,
+        }
+    })
+}
+
+/// From a virtio device's sysfs `device` and `features` (one character per feature bit, bit 0
+/// first): whether it is a balloon (device 5) with free page reporting (bit 5).
+fn balloon_reports(device: &str, features: &str) -> bool {
+    device.trim() == "0x0005" && features.as_bytes().get(5) == Some(&b'1')
+}
+
+/// What the next runs will allocate at most, as [`set_run_memory`] gave it.
+static RUN_MEMORY: AtomicU64 = AtomicU64::new(0);
+
+/// Tells [`drop_caches`] how much memory a run allocates at most (page cache or tmpfs pages of
+/// the tree it writes, buffers): what it primes on a machine with [`free_page_reporting`].
+/// `rpull bench` sets it from the image's tar bytes.
+pub fn set_run_memory(bytes: u64) {
+    RUN_MEMORY.store(bytes, Ordering::Relaxed);
+}
+
+/// How much memory [`drop_caches`] primes: the run's memory ([`set_run_memory`]) and half as
+/// much again (a peer keeps the compressed blobs too) plus 256 MiB, at most half of the memory
+/// available.
+pub fn prime_bytes() -> u64 {
+    let run = RUN_MEMORY.load(Ordering::Relaxed);
+    let wanted = run + run / 2 + (256 << 20);
+    let available = proc_status_kib("/proc/meminfo", "MemAvailable:").unwrap_or(0) * 1024;
+    wanted.min(available / 2)
+}
+
+/// Maps `bytes` of anonymous memory with every page faulted in, then unmaps it: the freed pages
+/// are host-backed again, and the next run's allocations take them before they are reported
+/// to the host again (measured here: 1 GiB written into tmpfs took 2.2-2.5 s after the host had
+/// taken its memory back, 0.7-0.9 s right after priming 2 GiB; docs/performance.md).
+pub fn prime_free_memory(bytes: u64) -> Result<(), String> {
+    let Ok(bytes) = usize::try_from(bytes) else {
+        return Err(format!("cannot prime {bytes} bytes of memory here"));
+    };
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: a new private anonymous mapping, touching no existing memory; it is unmapped
+    // below with the same address and length, and never read or written in between.
+    unsafe {
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if map == libc::MAP_FAILED {
+            return Err(format!(
+                "could not prime {bytes} bytes of free memory: {}",
+                io::Error::last_os_error()
+            ));
+        }
+        libc::munmap(map, bytes);
+    }
+    Ok(())
 }
 
 /// `syncfs` of the filesystem holding `path`, timed.
@@ -378,6 +462,29 @@ pub fn machine_info(destination: &Path) -> MachineInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_balloon_with_feature_bit_5_reports_free_pages() {
+        // This VM's balloon: bits 1, 2, 5 and 7, then 32 (VERSION_1).
+        let features = "01100101000000000000000000000000100000000000000000000000";
+        assert!(balloon_reports("0x0005\n", features));
+        assert!(!balloon_reports("0x0005\n", "0110000100000000"));
+        // A block device with bit 5 set is no balloon.
+        assert!(!balloon_reports("0x0002\n", features));
+        assert!(!balloon_reports("0x0005\n", ""));
+    }
+
+    #[test]
+    fn priming_covers_the_run_and_half_again_within_half_of_the_available_memory() {
+        let available = proc_status_kib("/proc/meminfo", "MemAvailable:").unwrap() * 1024;
+        set_run_memory(1 << 30);
+        let primed = prime_bytes();
+        set_run_memory(0);
+        assert_eq!(primed, ((3 << 29) + (256 << 20)).min(available / 2));
+        // The memory is mapped, touched and given back.
+        prime_free_memory(16 << 20).unwrap();
+        prime_free_memory(0).unwrap();
+    }
 
     /// Memory freed before a reset does not count in the peak after it, even where the
     /// allocator kept it (freed between live allocations, as the stages leave their heaps).

@@ -101,9 +101,18 @@ impl CachePolicy {
     pub fn note(&self) -> String {
         match self {
             CachePolicy::Drop => {
-                "sync + drop_caches (echo 3 > /proc/sys/vm/drop_caches) before every run; inputs held on tmpfs are not \
-                 dropped (tmpfs pages are not cache)"
-                    .to_owned()
+                let mut note = "sync + drop_caches (echo 3 > /proc/sys/vm/drop_caches) before every run; inputs held on \
+                 tmpfs are not dropped (tmpfs pages are not cache)"
+                    .to_owned();
+                if crate::resources::free_page_reporting() {
+                    note.push_str(&format!(
+                        "; this machine's balloon reports free memory to its host, so {:.2} GiB of \
+                         memory is touched and freed after each drop: every run starts with free \
+                         memory the host backs",
+                        crate::resources::prime_bytes() as f64 / (1u64 << 30) as f64
+                    ));
+                }
+                note
             }
             CachePolicy::Keep(reason) => reason.clone(),
         }
