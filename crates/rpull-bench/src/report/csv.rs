@@ -1,7 +1,7 @@
 //! `--csv`: one row per stage, peer and sweep point, under [`CSV_HEADER`] (docs/bench-json.md
 //! describes the columns).
 
-use super::{cpu_median, peak_rss_mb, sync_median};
+use super::{cpu_median, median_of, peak_rss_mb, sync_median};
 use crate::{BenchReport, Sample, Summary};
 
 /// The first line of `--csv`.
@@ -40,12 +40,6 @@ fn field(text: &str) -> String {
     } else {
         text.to_owned()
     }
-}
-
-/// Median of a machine-wide figure over the samples that read it.
-fn median_of(samples: &[Sample], figure: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
-    let values: Vec<f64> = samples.iter().filter_map(figure).collect();
-    Summary::of(&values).map(|s| s.median)
 }
 
 /// The largest value of a machine-wide figure over the samples that read it: the run the host

@@ -26,10 +26,18 @@ pub(crate) fn peak_rss_mb(samples: &[Sample]) -> Option<f64> {
         .map(|b| b as f64 / 1e6)
 }
 
+/// Median of an optional figure over the samples that have it.
+pub(crate) fn median_of(
+    samples: &[Sample],
+    figure: impl Fn(&Sample) -> Option<f64>,
+) -> Option<f64> {
+    let values: Vec<f64> = samples.iter().filter_map(figure).collect();
+    Summary::of(&values).map(|s| s.median)
+}
+
 /// Median sync seconds of the samples that timed one.
 pub(crate) fn sync_median(samples: &[Sample]) -> Option<f64> {
-    let syncs: Vec<f64> = samples.iter().filter_map(|s| s.sync_seconds).collect();
-    Summary::of(&syncs).map(|s| s.median)
+    median_of(samples, |s| s.sync_seconds)
 }
 
 /// Median CPU seconds of the samples.
