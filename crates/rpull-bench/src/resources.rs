@@ -380,10 +380,13 @@ pub fn set_run_memory(bytes: u64) {
 /// much again (a peer keeps the compressed blobs too) plus 256 MiB, at most half of the memory
 /// available.
 pub fn prime_bytes() -> u64 {
-    let run = RUN_MEMORY.load(Ordering::Relaxed);
-    let wanted = run + run / 2 + (256 << 20);
     let available = proc_status_kib("/proc/meminfo", "MemAvailable:").unwrap_or(0) * 1024;
-    wanted.min(available / 2)
+    prime_size(RUN_MEMORY.load(Ordering::Relaxed), available)
+}
+
+/// [`prime_bytes`] for a run of `run` bytes with `available` bytes of memory available.
+fn prime_size(run: u64, available: u64) -> u64 {
+    (run + run / 2 + (256 << 20)).min(available / 2)
 }
 
 /// Maps `bytes` of anonymous memory with every page faulted in, then unmaps it: the freed pages
@@ -476,11 +479,10 @@ mod tests {
 
     #[test]
     fn priming_covers_the_run_and_half_again_within_half_of_the_available_memory() {
-        let available = proc_status_kib("/proc/meminfo", "MemAvailable:").unwrap() * 1024;
-        set_run_memory(1 << 30);
-        let primed = prime_bytes();
-        set_run_memory(0);
-        assert_eq!(primed, ((3 << 29) + (256 << 20)).min(available / 2));
+        assert_eq!(prime_size(1 << 30, 24 << 30), (3 << 29) + (256 << 20));
+        assert_eq!(prime_size(0, 24 << 30), 256 << 20);
+        // Never more than half of what is available.
+        assert_eq!(prime_size(4 << 30, 4 << 30), 2 << 30);
         // The memory is mapped, touched and given back.
         prime_free_memory(16 << 20).unwrap();
         prime_free_memory(0).unwrap();
