@@ -21,7 +21,7 @@ pub struct PullOptions {
     /// Download blobs larger than this as byte ranges over several connections
     /// (`connections_per_blob`), the digest still verified over the whole blob. `None`: one
     /// stream per blob, which is fastest against registries that serve one stream at full speed
-    /// (see docs/benchmarks.md for the sweep this default comes from).
+    /// (docs/performance.md, "Ranged downloads", has the sweep this default comes from).
     pub chunk_size: Option<u64>,
     /// Connections per blob for ranged downloads.
     pub connections_per_blob: usize,
