@@ -21,6 +21,20 @@ use crate::reference::Reference;
 /// Attempts per range (the first one included).
 const RANGE_ATTEMPTS: u32 = 4;
 
+/// Each range is handed on in slices of at most this many bytes: views of the range's buffer, not
+/// copies. Whatever queues the stream's items by count (a pull's download channel, the hash
+/// thread's queue) then holds about as many bytes as for one stream's chunks, not as many whole
+/// ranges: with 8 MiB ranges handed on whole, one 1 GB layer peaked at 151 MB of RSS and four
+/// layers at 356-480 MB.
+pub const RANGE_SLICE: usize = 256 * 1024;
+
+/// `bytes` as consecutive views of at most [`RANGE_SLICE`] bytes (none when it is empty).
+fn slices(bytes: Bytes) -> impl Iterator<Item = Bytes> {
+    (0..bytes.len())
+        .step_by(RANGE_SLICE)
+        .map(move |start| bytes.slice(start..(start + RANGE_SLICE).min(bytes.len())))
+}
+
 /// The byte ranges `0..size` split into spans of `chunk_size` (the last one shorter).
 pub fn split_ranges(size: u64, chunk_size: u64) -> Vec<Range<u64>> {
     let chunk_size = chunk_size.max(1);
@@ -82,8 +96,9 @@ impl Client {
     }
 
     /// Blob `digest` of `size` bytes as `chunk_size` ranges fetched `connections` at a time, in
-    /// order. A registry that ignores `Range` makes the first item a protocol error (the
-    /// caller can fall back to [`Client::get_blob`]).
+    /// order, each handed on in slices of at most [`RANGE_SLICE`] bytes. A registry that ignores
+    /// `Range` makes the first item a protocol error (the caller can fall back to
+    /// [`Client::get_blob`]).
     pub fn get_blob_ranged(
         &self,
         repo: &Reference,
@@ -99,7 +114,14 @@ impl Client {
                     let (client, repo, digest) = (client.clone(), repo.clone(), digest.clone());
                     async move { client.fetch_blob_range(&repo, &digest, range).await }
                 })
-                .buffered(connections.max(1)),
+                .buffered(connections.max(1))
+                .flat_map(|range| {
+                    let items: Vec<Result<Bytes, Error>> = match range {
+                        Ok(bytes) => slices(bytes).map(Ok).collect(),
+                        Err(e) => vec![Err(e)],
+                    };
+                    futures_util::stream::iter(items)
+                }),
         )
     }
 }
@@ -115,5 +137,25 @@ mod tests {
         assert_eq!(split_ranges(3, 4), vec![0..3]);
         assert_eq!(split_ranges(0, 4), Vec::<Range<u64>>::new());
         assert_eq!(split_ranges(5, 0), vec![0..1, 1..2, 2..3, 3..4, 4..5]);
+    }
+
+    #[test]
+    fn a_range_is_handed_on_in_views_of_its_buffer() {
+        let range = Bytes::from(
+            (0..(2 * RANGE_SLICE + 10))
+                .map(|i| i as u8)
+                .collect::<Vec<_>>(),
+        );
+        let parts: Vec<Bytes> = slices(range.clone()).collect();
+        assert_eq!(
+            parts.iter().map(Bytes::len).collect::<Vec<_>>(),
+            vec![RANGE_SLICE, RANGE_SLICE, 10]
+        );
+        assert_eq!(parts.concat(), range.to_vec());
+        // Views, not copies: each part points into the range's own buffer.
+        for (index, part) in parts.iter().enumerate() {
+            assert_eq!(part.as_ptr(), range[index * RANGE_SLICE..].as_ptr());
+        }
+        assert_eq!(slices(Bytes::new()).count(), 0);
     }
 }
