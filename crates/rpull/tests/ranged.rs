@@ -121,3 +121,36 @@ async fn blob_of_exactly_one_chunk_is_one_stream() {
         "a blob no larger than the chunk size is not split"
     );
 }
+
+/// Ranges reach the caller in views of at most `RANGE_SLICE` bytes, whatever the chunk size, so
+/// that the pull's queues, which count chunks, never hold whole ranges (peak RSS with
+/// `--chunk-size`, tests/cli/memory.rs); together they are still the blob, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn ranges_are_handed_on_in_slices_of_at_most_range_slice() {
+    use futures_util::StreamExt as _;
+    use rpull::registry::RANGE_SLICE;
+
+    let env = Env::start();
+    let payload = random_bytes(3 * RANGE_SLICE + 1000, 9);
+    let image = ImageBuilder::new()
+        .layer(
+            LayerBuilder::new().file("big", &payload, 0o644),
+            Compression::None,
+        )
+        .build();
+    let reference = env.push(&image, "slices:1").await;
+    let layer = &image.layers[0];
+    let digest: rpull::Digest = layer.digest.parse().expect("a valid digest");
+    let client = env.registry.client().expect("registry client");
+    let items: Vec<_> = client
+        .get_blob_ranged(&reference, &digest, layer.size, 2 * RANGE_SLICE as u64, 2)
+        .map(|item| item.expect("a range"))
+        .collect()
+        .await;
+    let sizes: Vec<usize> = items.iter().map(|item| item.len()).collect();
+    assert!(
+        sizes.iter().all(|&size| size <= RANGE_SLICE),
+        "items of {sizes:?} bytes, over {RANGE_SLICE}"
+    );
+    assert_eq!(sha256_digest(&items.concat()), layer.digest);
+}
