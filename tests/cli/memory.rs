@@ -16,14 +16,16 @@ fn peak_rss_stays_under_256_mib_for_layers_larger_than_that() {
     pull_big_layers(&[], LIMIT);
 }
 
-/// Ranged downloads hold what is in flight and little more: 4 ranges of 8 MiB per layer (64 MiB
-/// for the two layers) over 128 MiB, which a plain pull of these layers stays well under (57 MiB
-/// measured). Handed on whole, the ranges queued by count in the download channel: 258 MiB here.
+/// Ranged downloads hold the range being read as it streams and, ahead of it, at most the pull's
+/// range budget (64 MiB), however many connections each layer has: with 8 connections of 8 MiB
+/// on each of the two layers, the limit is 128 MiB, which a plain pull of these layers stays well
+/// under (57 MiB measured), plus the budget. Without the budget, 8 connections per layer would
+/// hold up to 128 MiB of ranges in flight.
 #[test]
 fn peak_rss_stays_under_256_mib_with_ranged_downloads() {
     pull_big_layers(
-        &["--chunk-size", "8MiB", "--connections-per-blob", "4"],
-        (128 << 20) + 2 * 4 * (8 << 20),
+        &["--chunk-size", "8MiB", "--connections-per-blob", "8"],
+        (128 << 20) + rpull::DEFAULT_RANGE_BUDGET,
     );
 }
 

@@ -124,8 +124,10 @@ pub async fn chunk_size_sweep(
     cache: &CachePolicy,
 ) -> Result<SweepResult, BenchError> {
     let description = format!(
-        "network-ranged: every blob fetched at once in ranged GETs of N bytes ({RANGE_WINDOW} in flight per blob), verified; \
-         seconds over {runs} run(s); MB/s of blob bytes at the median"
+        "network-ranged: every blob fetched at once in ranged GETs of N bytes ({RANGE_WINDOW} in flight per blob, \
+         {} ahead in all), verified; \
+         seconds over {runs} run(s); MB/s of blob bytes at the median",
+        format_size(rpull::DEFAULT_RANGE_BUDGET)
     );
     let bytes = image.blobs().iter().map(|b| b.size).sum();
     sweep(

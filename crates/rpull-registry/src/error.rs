@@ -204,7 +204,11 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Transport { error, .. } => {
-                error.is_connect() || error.is_timeout() || error.is_body() || error.is_request()
+                error.is_connect()
+                    || error.is_timeout()
+                    || error.is_body()
+                    || error.is_request()
+                    || broken_body(error)
             }
             Error::Http { status, .. } => *status == 429 || (500..600).contains(status),
             Error::Token {
@@ -214,6 +218,22 @@ impl Error {
             _ => false,
         }
     }
+}
+
+/// A body that broke off, as reqwest reports it when it can decode content encodings: a `Decode`
+/// error around the `Body` error (a connection closed mid-response says `IncompleteBody`).
+fn broken_body(error: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(current) = source {
+        if current
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_body)
+        {
+            return true;
+        }
+        source = current.source();
+    }
+    false
 }
 
 /// The innermost message of an error chain (reqwest's own messages are generic: "error sending

@@ -32,5 +32,5 @@ pub use manifest::{
     MEDIA_TYPE_OCI_MANIFEST, ResolvedImage,
 };
 pub use platform::{Platform, PlatformError};
-pub use ranged::{RANGE_SLICE, split_ranges};
+pub use ranged::{RANGE_SLICE, RangeBudget, split_ranges};
 pub use reference::{DOCKER_HUB, DOCKER_HUB_API_HOST, Reference, ReferenceError};

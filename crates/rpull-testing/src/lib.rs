@@ -12,6 +12,7 @@ mod proxy;
 mod push;
 mod random;
 mod registry;
+mod relay;
 mod token;
 mod tree;
 mod umoci;
@@ -19,6 +20,7 @@ mod umoci;
 pub use layer::{DEFAULT_MTIME, LayerBuilder};
 pub use proxy::TestProxy;
 pub use random::random_bytes;
+pub use relay::CuttingRelay;
 // The image builders and push moved to the published `rpull-image`; the same names stay here.
 pub use registry::{
     REGISTRY_BINARY, RegistryAuth, RegistryOptions, TestRegistry, free_port, plain_config_yaml,

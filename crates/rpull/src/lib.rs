@@ -29,7 +29,10 @@ mod staging;
 pub use durability::FsyncPolicy;
 pub use error::PullError;
 pub use events::{LayerState, PullEvent};
-pub use options::{DEFAULT_CONNECTIONS_PER_BLOB, DEFAULT_MAX_CONCURRENT_DOWNLOADS, PullOptions};
+pub use options::{
+    DEFAULT_CONNECTIONS_PER_BLOB, DEFAULT_MAX_CONCURRENT_DOWNLOADS, DEFAULT_RANGE_BUDGET,
+    PullOptions,
+};
 pub use puller::{Puller, PullerBuilder};
 pub use report::{LayerReport, PullReport};
 

@@ -23,8 +23,13 @@ pub struct PullOptions {
     /// stream per blob, which is fastest against registries that serve one stream at full speed
     /// (docs/performance.md, "Ranged downloads", has the sweep this default comes from).
     pub chunk_size: Option<u64>,
-    /// Connections per blob for ranged downloads.
+    /// Connections per blob for ranged downloads: one streams the range being read, the others
+    /// fetch the ranges after it ahead.
     pub connections_per_blob: usize,
+    /// Bytes that ranged downloads may hold in ranges fetched ahead, across all blobs of a pull
+    /// (the range being read is streamed and needs none). This is what keeps a ranged pull within
+    /// the memory bound, whatever `chunk_size`, `connections_per_blob` and the number of layers.
+    pub range_budget: u64,
     /// How many layers are extracted at once (at least 1); the others wait before they decode,
     /// their downloads held by their bounded buffers. `None` (the default): no limit, since a
     /// limit of N also downloads only N layers at a time once the others' buffers are full,
@@ -36,6 +41,10 @@ pub struct PullOptions {
 
 /// The default of `connections_per_blob`.
 pub const DEFAULT_CONNECTIONS_PER_BLOB: usize = 4;
+
+/// The default of `range_budget`: with 8 MiB ranges, 4 connections on two blobs at once, or 8 on
+/// one.
+pub const DEFAULT_RANGE_BUDGET: u64 = 64 * 1024 * 1024;
 
 /// The default for `--max-concurrent-downloads`. Docker's 3 leaves most of a multi-layer
 /// image waiting; every download here also feeds its own extraction, so more in flight keeps
@@ -52,6 +61,7 @@ impl Default for PullOptions {
             fsync: FsyncPolicy::Auto,
             chunk_size: None,
             connections_per_blob: DEFAULT_CONNECTIONS_PER_BLOB,
+            range_budget: DEFAULT_RANGE_BUDGET,
             max_concurrent_extractions: None,
         }
     }

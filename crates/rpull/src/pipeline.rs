@@ -13,7 +13,7 @@ use rpull_decompress::Codec;
 use rpull_extract::{
     CreateGate, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
 };
-use rpull_registry::{BackgroundVerifier, Descriptor, Reference};
+use rpull_registry::{BackgroundVerifier, Descriptor, RangeBudget, Reference};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -112,6 +112,7 @@ pub(crate) async fn pull(
     // gate for the whole pull makes their inodes one at a time on every file system but those
     // where creating from several threads was measured faster (tmpfs, ramfs, ext4 with a
     // journal), unless the caller gave a gate.
+    let range_budget = RangeBudget::new(options.range_budget);
     let create_gate =
         CreateGate::shared_for(options.extract.create_gate.as_ref(), &staging.rootfs());
     debug!(
@@ -135,6 +136,7 @@ pub(crate) async fn pull(
             background: critical.is_some_and(|critical| critical != index),
             writeback: writeback.as_ref().map(Writeback::counter),
             create_gate: create_gate.clone(),
+            range_budget: range_budget.clone(),
         };
         let span = info_span!("layer", index, digest = %descriptor.digest);
         tasks.spawn(
@@ -306,6 +308,8 @@ struct LayerJob {
     writeback: Option<WritebackCounter>,
     /// The pull's gate on inode creation, shared by all its layers, if it has one.
     create_gate: Option<CreateGate>,
+    /// The pull's budget for byte ranges fetched ahead, shared by all its layers.
+    range_budget: RangeBudget,
 }
 
 /// The layer whose threads keep the normal priority: the biggest (the first of equals); `None`
@@ -494,7 +498,7 @@ async fn download(
         source,
     };
 
-    let mut stream = blob_stream(puller, repository, descriptor)
+    let mut stream = blob_stream(puller, repository, descriptor, &job.range_budget)
         .await
         .map_err(download_error)?;
     // Hashed on another thread: receiving and hashing a fast blob would each take most of a
@@ -553,6 +557,7 @@ async fn blob_stream(
     puller: &Puller,
     repository: &Reference,
     descriptor: &Descriptor,
+    budget: &RangeBudget,
 ) -> Result<ByteStream, rpull_registry::Error> {
     let options = &puller.options;
     let whole = || async {
@@ -571,6 +576,7 @@ async fn blob_stream(
         descriptor.size,
         chunk_size,
         options.connections_per_blob,
+        budget,
     );
     match ranged.next().await {
         Some(Err(rpull_registry::Error::Protocol { message, .. })) => {

@@ -5,8 +5,14 @@
 mod common;
 
 use common::{Env, assert_nothing_committed, chain};
-use rpull::{PullError, PullOptions};
-use rpull_testing::{Compression, ImageBuilder, LayerBuilder, random_bytes, sha256_digest};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use rpull::registry::RangeBudget;
+use rpull::{Digest, PullError, PullOptions, Reference};
+use rpull_testing::{
+    Compression, CuttingRelay, ImageBuilder, LayerBuilder, random_bytes, sha256_digest,
+};
 
 fn ranged(chunk_size: u64) -> PullOptions {
     PullOptions {
@@ -127,7 +133,6 @@ async fn blob_of_exactly_one_chunk_is_one_stream() {
 /// `--chunk-size`, tests/cli/memory.rs); together they are still the blob, in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn ranges_are_handed_on_in_slices_of_at_most_range_slice() {
-    use futures_util::StreamExt as _;
     use rpull::registry::RANGE_SLICE;
 
     let env = Env::start();
@@ -143,7 +148,14 @@ async fn ranges_are_handed_on_in_slices_of_at_most_range_slice() {
     let digest: rpull::Digest = layer.digest.parse().expect("a valid digest");
     let client = env.registry.client().expect("registry client");
     let items: Vec<_> = client
-        .get_blob_ranged(&reference, &digest, layer.size, 2 * RANGE_SLICE as u64, 2)
+        .get_blob_ranged(
+            &reference,
+            &digest,
+            layer.size,
+            2 * RANGE_SLICE as u64,
+            2,
+            &RangeBudget::new(rpull::DEFAULT_RANGE_BUDGET),
+        )
         .map(|item| item.expect("a range"))
         .collect()
         .await;
@@ -153,4 +165,150 @@ async fn ranges_are_handed_on_in_slices_of_at_most_range_slice() {
         "items of {sizes:?} bytes, over {RANGE_SLICE}"
     );
     assert_eq!(sha256_digest(&items.concat()), layer.digest);
+}
+
+const RANGE: u64 = 64 * 1024;
+
+/// An image of one uncompressed layer of about `bytes`, pushed as `repo_tag`: its reference and
+/// its layer's digest and size.
+async fn one_blob(env: &Env, bytes: usize, repo_tag: &str) -> (Reference, Digest, u64) {
+    let image = ImageBuilder::new()
+        .layer(
+            LayerBuilder::new().file("big", random_bytes(bytes, 5), 0o644),
+            Compression::None,
+        )
+        .build();
+    let reference = env.push(&image, repo_tag).await;
+    let layer = &image.layers[0];
+    (
+        reference,
+        layer.digest.parse().expect("a valid digest"),
+        layer.size,
+    )
+}
+
+/// Reads a ranged download to its end, pausing after each item like a busy reader; returns the
+/// bytes.
+async fn read_slowly(
+    stream: impl futures_util::Stream<Item = Result<bytes::Bytes, rpull::registry::Error>>,
+    pause: Duration,
+) -> Vec<u8> {
+    let mut stream = std::pin::pin!(stream);
+    let mut bytes = Vec::new();
+    while let Some(item) = stream.next().await {
+        bytes.extend_from_slice(&item.expect("a ranged download"));
+        tokio::time::sleep(pause).await;
+    }
+    bytes
+}
+
+/// Ranges fetched ahead of a slow reader fill the budget and never pass it, however many
+/// connections the blob may use.
+#[tokio::test(flavor = "multi_thread")]
+async fn ranges_fetched_ahead_stay_within_the_budget() {
+    let env = Env::start();
+    let (reference, digest, size) = one_blob(&env, 24 * RANGE as usize, "budget:1").await;
+    let client = env.registry.client().expect("registry client");
+    let budget = RangeBudget::new(3 * RANGE);
+    let stream = client.get_blob_ranged(&reference, &digest, size, RANGE, 8, &budget);
+    let bytes = read_slowly(stream, Duration::from_millis(2)).await;
+    assert_eq!(sha256_digest(&bytes), digest.to_string());
+    let peak = budget.peak_bytes();
+    assert!(
+        (2 * RANGE..=3 * RANGE).contains(&peak),
+        "{peak} bytes were held ahead at most, with a budget of {} and 7 connections ahead",
+        3 * RANGE
+    );
+}
+
+/// A blob whose reader has stopped keeps the budget it holds, and another blob sharing that
+/// budget still downloads: the range being read never waits for the budget.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_blob_does_not_hold_up_another_sharing_its_budget() {
+    let env = Env::start();
+    let (reference, digest, size) = one_blob(&env, 8 * RANGE as usize, "budget:2").await;
+    let client = env.registry.client().expect("registry client");
+    let budget = RangeBudget::new(RANGE);
+    let mut stalled = client.get_blob_ranged(&reference, &digest, size, RANGE, 4, &budget);
+    stalled
+        .next()
+        .await
+        .expect("a first item")
+        .expect("the first bytes");
+    // The stalled download has reserved the whole budget for its next range.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while budget.peak_bytes() < RANGE {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the stalled download reserves the budget");
+    let other = client.get_blob_ranged(&reference, &digest, size, RANGE, 4, &budget);
+    let bytes = tokio::time::timeout(Duration::from_secs(60), read_slowly(other, Duration::ZERO))
+        .await
+        .expect("the second download finishes while the first holds the budget");
+    assert_eq!(sha256_digest(&bytes), digest.to_string());
+    assert_eq!(budget.peak_bytes(), RANGE);
+    drop(stalled);
+}
+
+/// A connection that breaks in the middle of the range being read costs only the rest of that
+/// range: it is asked for again from the first byte not received, and the blob is whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_range_cut_mid_body_resumes_where_it_broke() {
+    let env = Env::start();
+    let chunk = 4 * RANGE;
+    let (_, digest, size) = one_blob(&env, 4 * chunk as usize, "cut:1").await;
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], env.registry.port()));
+    // Two connections cut after 100 kB of responses each: both inside the first range.
+    let relay = CuttingRelay::start(upstream, 100_000, 2).expect("starting the relay");
+    let through_relay: Reference = format!("127.0.0.1:{}/cut:1", relay.addr().port())
+        .parse()
+        .expect("a valid reference");
+    let client = env.registry.client().expect("registry client");
+    let budget = RangeBudget::new(rpull::DEFAULT_RANGE_BUDGET);
+    // One connection: every range is read as it streams.
+    let stream = client.get_blob_ranged(&through_relay, &digest, size, chunk, 1, &budget);
+    let bytes = read_slowly(stream, Duration::ZERO).await;
+    assert_eq!(sha256_digest(&bytes), digest.to_string());
+    assert_eq!(relay.cuts_left(), 0, "both cuts happened");
+    let ranges = relay.ranges();
+    let resumed: Vec<_> = ranges
+        .iter()
+        .filter(|(start, end)| start % chunk != 0 && end % chunk == 0)
+        .collect();
+    assert_eq!(
+        resumed.len(),
+        2,
+        "two requests for the rest of the first range, in {ranges:?}"
+    );
+    assert!(
+        resumed
+            .iter()
+            .all(|(start, end)| *start < *end && *end == chunk)
+    );
+}
+
+/// Ranges fetched ahead are fetched again whole when their connection breaks; the blob arrives
+/// whole and in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_connections_of_ranges_fetched_ahead_are_retried() {
+    let env = Env::start();
+    let (_, digest, size) = one_blob(&env, 16 * RANGE as usize, "cut:2").await;
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], env.registry.port()));
+    let relay = CuttingRelay::start(upstream, 40_000, 3).expect("starting the relay");
+    let through_relay: Reference = format!("127.0.0.1:{}/cut:2", relay.addr().port())
+        .parse()
+        .expect("a valid reference");
+    let client = env.registry.client().expect("registry client");
+    let budget = RangeBudget::new(rpull::DEFAULT_RANGE_BUDGET);
+    let stream = client.get_blob_ranged(&through_relay, &digest, size, RANGE, 4, &budget);
+    let bytes = read_slowly(stream, Duration::ZERO).await;
+    assert_eq!(sha256_digest(&bytes), digest.to_string());
+    assert_eq!(relay.cuts_left(), 0, "all three cuts happened");
+    assert!(
+        relay.ranges().len() > size.div_ceil(RANGE) as usize,
+        "cut ranges were asked for again: {:?}",
+        relay.ranges()
+    );
 }

@@ -4,8 +4,8 @@
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt as _};
-use rpull::Reference;
-use rpull::registry::{BackgroundVerifier, Client, Descriptor};
+use rpull::registry::{BackgroundVerifier, Client, Descriptor, RangeBudget};
+use rpull::{DEFAULT_RANGE_BUDGET, Reference};
 use tokio::task::JoinSet;
 use tracing::{debug, instrument};
 
@@ -13,9 +13,10 @@ use super::{BenchImage, CachePolicy, Meter, check_runs, format_size, stage_resul
 use crate::StageResult;
 use crate::error::BenchError;
 
-/// Ranged GETs in flight per blob. The verifier needs the chunks in order, so at most this many
-/// chunks of one blob are held in memory at once.
-pub const RANGE_WINDOW: usize = 4;
+/// Connections per blob for ranged GETs, as `rpull pull --chunk-size` has by default: one streams
+/// the range being verified, the others fetch ranges ahead within the run's [`RangeBudget`] of
+/// [`DEFAULT_RANGE_BUDGET`], shared by all blobs as in a pull.
+pub const RANGE_WINDOW: usize = rpull::DEFAULT_CONNECTIONS_PER_BLOB;
 
 /// How each blob is fetched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +49,9 @@ pub async fn network(
             (
                 "network-ranged",
                 format!(
-                    "ranged GETs of {}, {RANGE_WINDOW} in flight per blob",
-                    format_size(chunk)
+                    "ranged GETs of {}, {RANGE_WINDOW} in flight per blob, {} ahead in all",
+                    format_size(chunk),
+                    format_size(DEFAULT_RANGE_BUDGET)
                 ),
             )
         }
@@ -75,14 +77,16 @@ pub async fn network(
 /// received. The first failure is returned, naming its blob.
 pub async fn fetch_image(image: &BenchImage, mode: FetchMode) -> Result<u64, BenchError> {
     let mut tasks = JoinSet::new();
+    let budget = RangeBudget::new(DEFAULT_RANGE_BUDGET);
     for blob in image.blobs() {
         let client = image.client.clone();
         let reference = image.reference.clone();
+        let budget = budget.clone();
         tasks.spawn(async move {
             match mode {
                 FetchMode::Stream => fetch_blob(&client, &reference, &blob).await,
                 FetchMode::Ranged(chunk) => {
-                    fetch_blob_ranged(&client, &reference, &blob, chunk).await
+                    fetch_blob_ranged(&client, &reference, &blob, chunk, &budget).await
                 }
             }
         });
@@ -122,6 +126,7 @@ async fn fetch_blob_ranged(
     reference: &Reference,
     blob: &Descriptor,
     chunk: u64,
+    budget: &RangeBudget,
 ) -> Result<u64, BenchError> {
     if blob.size == 0 {
         // No range can describe an empty blob.
@@ -135,7 +140,14 @@ async fn fetch_blob_ranged(
     };
     // The same ranged download `rpull pull --chunk-size` runs (in order, each range retried on
     // transient errors), so the stage measures what users get.
-    let chunks = client.get_blob_ranged(reference, &blob.digest, blob.size, chunk, RANGE_WINDOW);
+    let chunks = client.get_blob_ranged(
+        reference,
+        &blob.digest,
+        blob.size,
+        chunk,
+        RANGE_WINDOW,
+        budget,
+    );
     verify_stream(blob, chunks, fetch_error).await
 }
 
