@@ -231,9 +231,9 @@ impl Client {
     /// Blob `digest` of `size` bytes as `chunk_size` ranges, in order, over up to `connections`
     /// connections: the range being read is streamed, and the ranges after it are fetched ahead
     /// within `budget` (see the module's documentation), up to `connections` ranges in all
-    /// (fetching or fetched). Items are at most
-    /// [`RANGE_SLICE`] bytes. A registry that ignores `Range` makes the first item a protocol
-    /// error (the caller can fall back to [`Client::get_blob`]).
+    /// (fetching or fetched). Items are at most [`RANGE_SLICE`] bytes. A registry that ignores
+    /// `Range` makes the first item a protocol error (the caller can fall back to
+    /// [`Client::get_blob`]).
     pub fn get_blob_ranged(
         &self,
         repo: &Reference,
