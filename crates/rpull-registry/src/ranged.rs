@@ -107,9 +107,9 @@ impl RangeBudget {
     /// The units a range of `bytes` reserves, or `None` if it can never fit.
     fn units_for(&self, bytes: u64) -> Option<u32> {
         let units = bytes.div_ceil(BUDGET_UNIT);
-        (units <= self.inner.units && units > 0)
-            .then(|| u32::try_from(units).ok())
-            .flatten()
+        u32::try_from(units)
+            .ok()
+            .filter(|&units| units > 0 && u64::from(units) <= self.inner.units)
     }
 
     /// Waits for `units` of the budget, for a range of `bytes`.
