@@ -9,7 +9,7 @@
 //! [`RangeBudget`] shared by every blob of a pull, and each released when the caller has dropped
 //! the last of its bytes. So what a pull holds in fetched ranges is bounded by the budget, however
 //! many blobs, connections and ranges it has. A broken connection costs the rest of one range:
-//! every range is retried from the byte where it broke (the head) or whole (ranges ahead).
+//! every range, the head or one fetched ahead, is asked for again from the byte where it broke.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -185,45 +185,24 @@ impl Future for Fetch {
 }
 
 impl Client {
-    /// Fetches bytes `range` of blob `digest` whole, retrying transient failures (also a
-    /// connection that breaks mid-range). A short or long answer is a protocol error.
+    /// Fetches bytes `range` of blob `digest` whole, retrying transient failures. A connection
+    /// that breaks mid-range costs only the rest of the range: it is asked for again from the
+    /// first byte not received. A short or long answer is a protocol error.
     pub async fn fetch_blob_range(
         &self,
         repo: &Reference,
         digest: &Digest,
         range: Range<u64>,
     ) -> Result<Bytes, Error> {
-        let mut attempt = 1;
-        loop {
-            match self.fetch_range_once(repo, digest, range.clone()).await {
-                Err(e) if e.is_retryable() && attempt < RANGE_ATTEMPTS => {
-                    debug!(%digest, start = range.start, end = range.end, attempt, error = %e, "retrying a byte range");
-                    tokio::time::sleep(retry_pause(attempt)).await;
-                    attempt += 1;
-                }
-                result => return result,
-            }
-        }
-    }
-
-    async fn fetch_range_once(
-        &self,
-        repo: &Reference,
-        digest: &Digest,
-        range: Range<u64>,
-    ) -> Result<Bytes, Error> {
-        let expected = range.end - range.start;
-        let mut stream = self.get_blob_range(repo, digest, range.clone()).await?;
-        let mut buffer = BytesMut::with_capacity(expected as usize);
-        while let Some(chunk) = stream.next().await {
+        let mut reader = RangeReader::new(range);
+        // Allocated when the first bytes arrive, not while the request waits for its answer.
+        let mut buffer = BytesMut::new();
+        while let Some(chunk) = reader.next(self, repo, digest).await {
             let chunk = chunk?;
-            if buffer.len() as u64 + chunk.len() as u64 > expected {
-                return Err(wrong_length(repo, digest, &range, "more than"));
+            if buffer.capacity() == 0 {
+                buffer.reserve(reader.expected() as usize);
             }
             buffer.extend_from_slice(&chunk);
-        }
-        if buffer.len() as u64 != expected {
-            return Err(wrong_length(repo, digest, &range, "fewer than"));
         }
         Ok(buffer.freeze())
     }
@@ -291,7 +270,7 @@ struct Ranged {
     fetched: VecDeque<Result<Bytes, Error>>,
     /// A reservation being waited for, for the next range ahead.
     reserving: Option<BoxFuture<'static, Reservation>>,
-    head: Option<HeadRange>,
+    head: Option<RangeReader>,
     out: VecDeque<Bytes>,
     finished: bool,
 }
@@ -321,7 +300,7 @@ impl Ranged {
                 }
                 if self.ahead.is_empty() {
                     match self.pending.pop_front() {
-                        Some(range) => self.head = Some(HeadRange::new(range)),
+                        Some(range) => self.head = Some(RangeReader::new(range)),
                         None => return None,
                     }
                 }
@@ -400,9 +379,10 @@ impl Ranged {
     }
 }
 
-/// The range being read: streamed as it arrives, re-requested from the first byte not yet
-/// received when the connection breaks.
-struct HeadRange {
+/// One byte range, streamed as it arrives and re-requested from the first byte not yet received
+/// when its connection breaks: the head of a ranged download reads it as it comes, and a range
+/// fetched ahead collects it ([`Client::fetch_blob_range`]).
+struct RangeReader {
     range: Range<u64>,
     received: u64,
     attempt: u32,
@@ -410,9 +390,9 @@ struct HeadRange {
     body: Option<BlobStream>,
 }
 
-impl HeadRange {
-    fn new(range: Range<u64>) -> HeadRange {
-        HeadRange {
+impl RangeReader {
+    fn new(range: Range<u64>) -> RangeReader {
+        RangeReader {
             range,
             received: 0,
             attempt: 1,
