@@ -186,8 +186,9 @@ impl Future for Fetch {
 
 impl Client {
     /// Fetches bytes `range` of blob `digest` whole, retrying transient failures. A connection
-    /// that breaks mid-range costs only the rest of the range: it is asked for again from the
-    /// first byte not received. A short or long answer is a protocol error.
+    /// that breaks mid-range, or an answer that ends short, costs only the rest of the range: it is
+    /// asked for again from the first byte not received. An answer longer than the range, or still
+    /// short after the last attempt, is a protocol error.
     pub async fn fetch_blob_range(
         &self,
         repo: &Reference,
