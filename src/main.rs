@@ -27,9 +27,9 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         tokio::select! {
             result = commands::run(cli.command) => result.map(|()| ExitCode::SUCCESS),
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("rpull: interrupted; nothing was committed");
-                Ok(ExitCode::from(130))
+            (what, code) = stop_signal() => {
+                eprintln!("rpull: {what}; nothing was committed");
+                Ok(ExitCode::from(code))
             }
         }
     });
@@ -38,6 +38,25 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("rpull: error: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Waits for Ctrl-C (SIGINT) or SIGTERM, as `docker stop`, systemd and CI timeouts send. Either
+/// ends the command's future, so what it made (a pull's staging directory, the bench's work
+/// directories) is removed as on an error. Returns what to say and the exit status: 128 + the
+/// signal's number, as a shell reports it.
+async fn stop_signal() -> (&'static str, u8) {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => ("interrupted", 130),
+            _ = terminate.recv() => ("terminated", 143),
+        },
+        // No SIGTERM handler could be set up: Ctrl-C still works.
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            ("interrupted", 130)
         }
     }
 }

@@ -1,7 +1,8 @@
-//! Ctrl-C in the middle of a pull: exit status 130, DIR left as it was, no staging directory.
+//! Ctrl-C (or SIGTERM) in the middle of a pull: exit status 130 (143), DIR left as it was, no
+//! staging directory.
 //!
 //! The registry is reached through a forwarder that trickles the bytes (about 1.3 MB/s), so the
-//! pull is reliably still downloading (and extracting) when SIGINT arrives.
+//! pull is reliably still downloading (and extracting) when the signal arrives.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -103,7 +104,7 @@ fn wait_with_timeout(child: &mut Child) -> std::process::ExitStatus {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("rpull did not exit within {TIMEOUT:?} of SIGINT");
+            panic!("rpull did not exit within {TIMEOUT:?} of the signal");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -115,14 +116,24 @@ enum Attempt {
     Interrupted,
 }
 
-/// Pulls through the slow forwarder, sends SIGINT at the first `layer_progress`, checks cleanup.
+/// How a pull is stopped: the signal, the exit status it must end with, and the word it must say.
+#[derive(Clone, Copy)]
+struct Stop(rustix::process::Signal, i32, &'static str);
+
+const CTRL_C: Stop = Stop(rustix::process::Signal::INT, 130, "interrupted");
+const SIGTERM: Stop = Stop(rustix::process::Signal::TERM, 143, "terminated");
+
+/// Pulls through the slow forwarder, sends `stop`'s signal at the first `layer_progress`, checks
+/// cleanup.
 fn interrupt_once(
     sandbox: &Sandbox,
     reference: &str,
     dest: &Path,
     force: bool,
     extra_args: &[&str],
+    stop: Stop,
 ) -> Attempt {
+    let Stop(signal, code, word) = stop;
     let mut rpull = sandbox
         .rpull()
         .args(["pull", "--json", "--plain-http"])
@@ -177,11 +188,8 @@ fn interrupt_once(
         "a staging directory while pulling: {staging_during:?}"
     );
 
-    rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::INT,
-    )
-    .expect("sending SIGINT");
+    rustix::process::kill_process(rustix::process::Pid::from_child(&child), signal)
+        .expect("sending the signal");
     let status = wait_with_timeout(&mut child);
     let stderr = stderr.join().unwrap_or_default();
     while let Ok(Line::Json(value)) = lines.recv_timeout(Duration::from_secs(5)) {
@@ -192,13 +200,10 @@ fn interrupt_once(
     }
     assert_eq!(
         status.code(),
-        Some(130),
-        "exit status after Ctrl-C: {status}\n{stderr}"
+        Some(code),
+        "exit status after {signal:?}: {status}\n{stderr}"
     );
-    assert!(
-        stderr.contains("interrupted"),
-        "says it was interrupted: {stderr:?}"
-    );
+    assert!(stderr.contains(word), "says it was {word}: {stderr:?}");
     assert!(
         seen.iter()
             .all(|e| e["event"] != "committed" && e["event"] != "summary"),
@@ -207,13 +212,13 @@ fn interrupt_once(
     assert_eq!(
         staging_dirs(dest),
         Vec::<String>::new(),
-        "the staging directory is removed after Ctrl-C"
+        "the staging directory is removed after {signal:?}"
     );
     Attempt::Interrupted
 }
 
 /// With `extra_args`, e.g. a limit of one extraction, so the second layer waits for the big one.
-fn interrupted_pull_leaves_nothing(force: bool, extra_args: &[&str]) {
+fn interrupted_pull_leaves_nothing(force: bool, extra_args: &[&str], stop: Stop) {
     let registry = TestRegistry::start(RegistryOptions::plain()).expect("starting docker-registry");
     let forwarder = slow_forwarder(registry.port());
     for (attempt, megabytes) in [8usize, 32, 128].into_iter().enumerate() {
@@ -240,7 +245,7 @@ fn interrupted_pull_leaves_nothing(force: bool, extra_args: &[&str]) {
             sandbox.write("rootfs/keep", "old tree\n");
         }
         let reference = format!("127.0.0.1:{forwarder}/{tag}");
-        match interrupt_once(&sandbox, &reference, &dest, force, extra_args) {
+        match interrupt_once(&sandbox, &reference, &dest, force, extra_args, stop) {
             Attempt::Interrupted => {
                 if force {
                     let kept = std::fs::read_to_string(dest.join("keep"))
@@ -257,26 +262,31 @@ fn interrupted_pull_leaves_nothing(force: bool, extra_args: &[&str]) {
                 return;
             }
             Attempt::TooFast => {
-                eprintln!("the pull of {megabytes} MiB finished before SIGINT; retrying bigger")
+                eprintln!("the pull of {megabytes} MiB finished before the signal; retrying bigger")
             }
         }
     }
-    panic!("every pull finished before SIGINT landed");
+    panic!("every pull finished before the signal landed");
 }
 
 #[test]
 fn ctrl_c_removes_staging_and_creates_nothing() {
-    interrupted_pull_leaves_nothing(false, &[]);
+    interrupted_pull_leaves_nothing(false, &[], CTRL_C);
+}
+
+#[test]
+fn sigterm_removes_staging_and_creates_nothing() {
+    interrupted_pull_leaves_nothing(false, &[], SIGTERM);
 }
 
 #[test]
 fn ctrl_c_reaches_a_layer_waiting_for_an_extraction_slot() {
     // One extraction slot: the layer holding it and the one waiting for it both end on Ctrl-C
     // (a slot held by a cancelled layer is given back, so nothing waits for ever).
-    interrupted_pull_leaves_nothing(false, &["--max-concurrent-extractions", "1"]);
+    interrupted_pull_leaves_nothing(false, &["--max-concurrent-extractions", "1"], CTRL_C);
 }
 
 #[test]
 fn ctrl_c_with_force_leaves_the_old_tree() {
-    interrupted_pull_leaves_nothing(true, &[]);
+    interrupted_pull_leaves_nothing(true, &[], CTRL_C);
 }
