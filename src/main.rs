@@ -50,13 +50,21 @@ async fn stop_signal() -> (&'static str, u8) {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
         Ok(mut terminate) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => ("interrupted", 130),
+            () = ctrl_c() => ("interrupted", 130),
             _ = terminate.recv() => ("terminated", 143),
         },
         // No SIGTERM handler could be set up: Ctrl-C still works.
         Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            ctrl_c().await;
             ("interrupted", 130)
         }
+    }
+}
+
+/// Completes on Ctrl-C; never, if its handler could not be set up (so that failure does not read
+/// as an interruption).
+async fn ctrl_c() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
