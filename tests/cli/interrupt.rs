@@ -118,10 +118,22 @@ enum Attempt {
 
 /// How a pull is stopped: the signal, the exit status it must end with, and the word it must say.
 #[derive(Clone, Copy)]
-struct Stop(rustix::process::Signal, i32, &'static str);
+struct Stop {
+    signal: rustix::process::Signal,
+    code: i32,
+    word: &'static str,
+}
 
-const CTRL_C: Stop = Stop(rustix::process::Signal::INT, 130, "interrupted");
-const SIGTERM: Stop = Stop(rustix::process::Signal::TERM, 143, "terminated");
+const CTRL_C: Stop = Stop {
+    signal: rustix::process::Signal::INT,
+    code: 130,
+    word: "interrupted",
+};
+const SIGTERM: Stop = Stop {
+    signal: rustix::process::Signal::TERM,
+    code: 143,
+    word: "terminated",
+};
 
 /// Pulls through the slow forwarder, sends `stop`'s signal at the first `layer_progress`, checks
 /// cleanup.
@@ -133,7 +145,7 @@ fn interrupt_once(
     extra_args: &[&str],
     stop: Stop,
 ) -> Attempt {
-    let Stop(signal, code, word) = stop;
+    let Stop { signal, code, word } = stop;
     let mut rpull = sandbox
         .rpull()
         .args(["pull", "--json", "--plain-http"])

@@ -28,8 +28,8 @@
 //!
 //! Memory: at most [`QUEUED_PER_LAYER`] batches queued in all (split evenly between the workers,
 //! at least 2 each), plus one being filled and one being written per worker, each batch with at
-//! most [`BATCH_BYTES`] of data (or one file): about 9 MiB of file data per layer with 2 workers,
-//! 10 MiB with 4. Files above [`MAX_QUEUED_FILE`] are written by the extracting thread.
+//! most [`BATCH_BYTES`] of data: about 9 MiB of file data per layer with 2 workers, 10 MiB with
+//! 4. Files above [`MAX_QUEUED_FILE`] are written by the extracting thread.
 
 use std::collections::HashSet;
 use std::ffi::CStr;
@@ -57,17 +57,18 @@ use crate::summary::{Timestamp, Xattr};
 /// Files up to this size go to the workers; bigger ones are written by the extracting thread
 /// (large writes gain nothing from a second thread, and would make batches large).
 pub(crate) const MAX_QUEUED_FILE: u64 = 256 * 1024;
-/// A batch is sent before a file would take its data past this many bytes (a file of more on its
-/// own)...
+/// A batch is sent before a file would take its data past this many bytes (a queued file is never
+/// bigger: [`MAX_QUEUED_FILE`] is at most this)...
 const BATCH_BYTES: usize = 256 * 1024;
+const _: () = assert!(MAX_QUEUED_FILE as usize <= BATCH_BYTES);
 /// ... or when it holds this many files.
 const BATCH_FILES: usize = 128;
 /// Batches queued for the workers of one layer before the extracting thread waits, split evenly
 /// between them ([`queued_per_worker`]).
 ///
-/// What is queued must outlast the extracting thread's waits for a core: with every core busy
-/// writing, it runs again only when the scheduler lets it preempt a worker. On tmpfs a batch of
-/// 128 small files is about 1.4 ms of a worker's work. With 2 batches of up to 1 MiB per worker
+/// What is queued must outlast the extracting thread's waits for a core (the likely cause, from
+/// `perf sched latency`: with every core busy writing, it waited 0.9 ms on average to run after a
+/// wake-up, up to 3.7 ms). On tmpfs a batch of 128 small files is about 1.4 ms of a worker's work. With 2 batches of up to 1 MiB per worker
 /// (the values before), a 150k-file extraction on 2 cores left them idle twice as long as with
 /// 16 batches of 256 KiB (0.15 against 0.075 CPU-s, medians; docs/performance.md, "What
 /// changed"). File data queued stays about where it was: batches of 256 KiB instead of 1 MiB, and
