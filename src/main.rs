@@ -26,11 +26,14 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         tokio::select! {
-            result = commands::run(cli.command) => result.map(|()| ExitCode::SUCCESS),
+            // A signal wins over a step that became ready at the same time, so no new step starts
+            // after it.
+            biased;
             (what, code) = stop_signal() => {
                 eprintln!("rpull: {what}; nothing was committed");
                 Ok(ExitCode::from(code))
             }
+            result = commands::run(cli.command) => result.map(|()| ExitCode::SUCCESS),
         }
     });
     match result {

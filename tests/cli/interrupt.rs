@@ -302,3 +302,103 @@ fn ctrl_c_reaches_a_layer_waiting_for_an_extraction_slot() {
 fn ctrl_c_with_force_leaves_the_old_tree() {
     interrupted_pull_leaves_nothing(true, &[], CTRL_C);
 }
+
+/// The pids of `parent`'s children whose command line has `word` as an argument (from every
+/// thread's `children`: the bench starts its children on pool threads).
+fn children_with_arg(parent: u32, word: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{parent}/task"))
+        .into_iter()
+        .flatten();
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|pid| pid.parse::<u32>().ok())
+        {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if cmdline.split(|&b| b == 0).any(|arg| arg == word.as_bytes()) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// SIGTERM to `rpull bench` while its end-to-end stage's `rpull pull` child is writing: the child
+/// is stopped too (before, it went on and committed the tree after the bench said nothing was),
+/// and the bench's directories beside `--dest` are removed.
+#[test]
+fn sigterm_to_bench_stops_its_pull_and_leaves_nothing() {
+    let registry = TestRegistry::start(RegistryOptions::plain()).expect("starting docker-registry");
+    let forwarder = slow_forwarder(registry.port());
+    let image = ImageBuilder::new()
+        .layer(
+            LayerBuilder::new().file("big", noise(4 << 20, 0x2545_f491_4f6c_dd1d), 0o644),
+            Compression::Gzip,
+        )
+        .build();
+    block_on(registry.push_image(&image, "bench:slow")).expect("pushing the image");
+    let sandbox = Sandbox::new();
+    let dest = sandbox.join("out");
+    let reference = format!("127.0.0.1:{forwarder}/bench:slow");
+    let mut command = sandbox
+        .rpull()
+        .args(["bench", "--plain-http", "--warm", "--runs", "1", "--dest"])
+        .arg(&dest)
+        .arg(&reference)
+        .into_command();
+    let mut bench = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning rpull bench");
+    let mut stderr = bench.stderr.take().expect("piped stderr");
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    // Its end-to-end pull, once that has a staging directory (it is writing beside DIR).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let pull = loop {
+        if let Some(status) = bench.try_wait().expect("waiting for rpull bench") {
+            panic!(
+                "the bench ended before its pull was seen: {status}\n{}",
+                stderr.join().unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "no end-to-end pull within 120 s");
+        if let [pid] = children_with_arg(bench.id(), "pull")[..]
+            && !staging_dirs(&dest).is_empty()
+        {
+            break pid;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    rustix::process::kill_process(rustix::process::Pid::from_child(&bench), SIGTERM.signal)
+        .expect("sending SIGTERM");
+    let status = wait_with_timeout(&mut bench);
+    let stderr = stderr.join().unwrap_or_default();
+    assert_eq!(status.code(), Some(SIGTERM.code), "{status}\n{stderr}");
+    assert!(
+        stderr.contains(SIGTERM.word),
+        "says it was terminated: {stderr:?}"
+    );
+    assert!(
+        !Path::new(&format!("/proc/{pull}")).exists(),
+        "the bench's pull (pid {pull}) is stopped with it"
+    );
+    assert!(!dest.exists(), "no tree is committed after the signal");
+    let left: Vec<String> = std::fs::read_dir(sandbox.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("rpull") || name.starts_with("rpb-"))
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "the bench's directories are removed"
+    );
+}

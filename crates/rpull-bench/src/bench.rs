@@ -2,6 +2,7 @@
 //! the floor.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use rpull::registry::Client;
 use rpull::{ExtractOptions, Platform, Reference};
@@ -116,6 +117,20 @@ pub struct Bench {
     /// Scratch space for peers, on the destination's filesystem.
     peer_dir: TempDir,
     _pull_parent: Option<TempDir>,
+}
+
+/// How long the children of an abandoned bench get to end on SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+impl Drop for Bench {
+    /// Before the directories are removed: when the bench is dropped in the middle of
+    /// [`run`](Bench::run) (its future dropped on Ctrl-C or SIGTERM), its child processes (a
+    /// pull, GNU tar, a peer) are stopped and its stage threads waited for, so that nothing
+    /// writes into them afterwards or is left behind. This stops the benchmark children of every
+    /// bench in the process. Blocks; with nothing under way it returns at once.
+    fn drop(&mut self) {
+        crate::resources::stop_work(STOP_GRACE);
+    }
 }
 
 fn temp_dir_in(parent: &Path, prefix: &str) -> Result<TempDir, BenchError> {
@@ -503,7 +518,7 @@ impl Bench {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, BenchError> + Send + 'static,
 ) -> Result<T, BenchError> {
-    tokio::task::spawn_blocking(work)
+    crate::resources::blocking_stage(work)
         .await
         .map_err(|_| BenchError::Panic("stage"))?
 }

@@ -6,6 +6,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::{MachineInfo, Sample};
@@ -171,7 +172,93 @@ pub struct MeasuredRun {
     pub stdout: String,
 }
 
+/// What this process's benchmark work is doing: the children of [`run_measured`] not yet reaped,
+/// and the stage threads of [`blocking_stage`] still running. A bench that is abandoned (its
+/// future dropped on Ctrl-C or SIGTERM) stops them with [`stop_work`] before its directories are
+/// removed, so nothing writes into a directory after it is removed.
+struct Work {
+    children: Vec<libc::pid_t>,
+    stages: usize,
+    /// Set by [`stop_work`]: no new child is started.
+    stopping: bool,
+}
+
+static WORK: Mutex<Work> = Mutex::new(Work {
+    children: Vec::new(),
+    stages: 0,
+    stopping: false,
+});
+/// Notified when a child is reaped or a stage thread ends.
+static WORK_ENDED: Condvar = Condvar::new();
+
+fn work() -> MutexGuard<'static, Work> {
+    WORK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `work` on the runtime's blocking pool, counted for [`stop_work`].
+pub(crate) async fn blocking_stage<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    struct Counted;
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self::work().stages -= 1;
+            WORK_ENDED.notify_all();
+        }
+    }
+    self::work().stages += 1;
+    let counted = Counted;
+    tokio::task::spawn_blocking(move || {
+        let _counted = counted;
+        work()
+    })
+    .await
+}
+
+/// Stops this process's benchmark work: no new child of [`run_measured`] starts, the running
+/// ones get SIGTERM (SIGKILL after `grace`; `rpull pull` removes its staging directory on
+/// SIGTERM), and this waits until they are reaped and every [`blocking_stage`] thread has ended.
+/// In-process stages are not interrupted: they end their current run (seconds at most). Then
+/// new children are allowed again. Every bench of the process is stopped, not one.
+pub(crate) fn stop_work(grace: Duration) {
+    let mut state = work();
+    state.stopping = true;
+    let signal = |state: &Work, signal| {
+        for &pid in &state.children {
+            // SAFETY: kill has no memory preconditions. A registered pid is a child not yet
+            // reaped (it leaves the list before `wait4`), so it is not some other process.
+            unsafe { libc::kill(pid, signal) };
+        }
+    };
+    signal(&state, libc::SIGTERM);
+    let deadline = Instant::now() + grace;
+    let mut killed = false;
+    while !state.children.is_empty() || state.stages > 0 {
+        let now = Instant::now();
+        if now >= deadline && !killed {
+            signal(&state, libc::SIGKILL);
+            killed = true;
+        }
+        let wait = if killed {
+            Duration::from_secs(1)
+        } else {
+            deadline - now
+        };
+        state = WORK_ENDED
+            .wait_timeout(state, wait)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .0;
+        if killed {
+            // A child that started before the stop and was missed cannot be: new ones are
+            // refused. Keep killing any still listed (SIGKILL cannot be ignored).
+            signal(&state, libc::SIGKILL);
+        }
+    }
+    state.stopping = false;
+}
+
 /// Runs `command` to completion, measuring it with `wait4`. Stdout and stderr are captured.
+/// Refused (`Interrupted`) while [`stop_work`] runs.
 pub fn run_measured(command: &mut Command) -> io::Result<MeasuredRun> {
     run_measured_with_input(command, None)
 }
@@ -189,12 +276,22 @@ pub fn run_measured_with_input(
     } else {
         Stdio::null()
     };
+    // Started and listed under the lock, so that a stop either refuses it or signals it.
+    let mut state = work();
+    if state.stopping {
+        return Err(io::Error::new(
+            io::ErrorKind::Interrupted,
+            "the benchmark is stopping",
+        ));
+    }
     let mut child = command
         .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
     let pid = child.id() as libc::pid_t;
+    state.children.push(pid);
+    drop(state);
     if let (Some(input), Some(mut pipe)) = (input, child.stdin.take()) {
         std::thread::spawn(move || {
             // A child that exits without reading gets EPIPE here; its exit status says why.
@@ -214,7 +311,14 @@ pub fn run_measured_with_input(
         buf
     });
     let poller = PeakPoller::start(pid);
-    let waited = wait4(pid);
+    // Waits for the exit without reaping, unlists the child, then reaps it: a stop never signals
+    // a reaped pid, which another process could have taken.
+    let exited = wait_exited(pid);
+    let mut state = work();
+    state.children.retain(|&listed| listed != pid);
+    drop(state);
+    WORK_ENDED.notify_all();
+    let waited = exited.and_then(|()| wait4(pid));
     let polled_peak = poller.stop();
     let (raw_status, usage) = waited?;
     let seconds = started.elapsed().as_secs_f64();
@@ -306,6 +410,29 @@ fn tree_peak_rss(pid: libc::pid_t) -> Option<u64> {
         }
     }
     peak
+}
+
+/// Waits until the child `pid` has exited, leaving it to be reaped (`WNOWAIT`).
+fn wait_exited(pid: libc::pid_t) -> io::Result<()> {
+    loop {
+        // SAFETY: waitid writes into the zeroed siginfo; pid is our own child, not yet reaped.
+        let rc = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
 }
 
 fn wait4(pid: libc::pid_t) -> io::Result<(i32, libc::rusage)> {
