@@ -23,7 +23,8 @@ use crate::{PeerResult, Sample, Summary};
 pub enum Peer {
     /// `docker pull` against a private dockerd: download, verify, decompress, extract into overlay2.
     Docker,
-    /// `podman pull` into its own storage root: download, verify, decompress, extract.
+    /// `podman pull` into its own storage root: download, verify, decompress, extract. Its layer
+    /// downloads go to `TMPDIR`, set to a directory of its own beside the root.
     Podman,
     /// `ctr images pull` against a private containerd: fetch to the content store, then unpack.
     Ctr,
@@ -221,7 +222,7 @@ pub async fn run_peers(peers: &[Peer], ctx: &PeerContext) -> Vec<PeerResult> {
     let peers = peers.to_vec();
     let ctx = ctx.clone();
     let names: Vec<Peer> = peers.clone();
-    match tokio::task::spawn_blocking(move || {
+    match resources::blocking_stage(move || {
         peers.iter().map(|peer| run_peer(*peer, &ctx)).collect()
     })
     .await
@@ -591,9 +592,15 @@ fn run_podman(ctx: &PeerContext, tools: &Tools, dir: &Path) -> Outcome {
     let root = dir.join("podman-root");
     let runroot = dir.join("podman-run");
     let tmpdir = dir.join("podman-tmp");
+    // Its layer downloads go to TMPDIR (containers/image's default is /var/tmp, whatever --tmpdir
+    // says): on the destination's filesystem with the rest of its data, and inside the bench's
+    // directory, so a podman stopped in the middle leaves nothing behind.
+    fs_err::create_dir_all(&tmpdir)
+        .map_err(|e| failed(&render(&tools.command(0)))(e.to_string()))?;
     let podman = |args: &[&str]| {
         let mut command = tools.command(0);
         command
+            .env("TMPDIR", &tmpdir)
             .arg("--root")
             .arg(&root)
             .arg("--runroot")
@@ -604,7 +611,11 @@ fn run_podman(ctx: &PeerContext, tools: &Tools, dir: &Path) -> Outcome {
             .args(args);
         command
     };
-    let options = render(&podman(&["pull", "--tls-verify=false", &ctx.reference]));
+    let options = format!(
+        "TMPDIR={} {}",
+        tmpdir.display(),
+        render(&podman(&["pull", "--tls-verify=false", &ctx.reference]))
+    );
     // Initialise the store before the first run, so no run pays for it.
     run_quiet(&mut podman(&["images"])).map_err(failed(&options))?;
     let mut reset = || run_quiet(&mut podman(&["rmi", "-af"])).map(drop);
