@@ -96,6 +96,16 @@ fn read_lines(child: &mut Child) -> mpsc::Receiver<Line> {
     rx
 }
 
+/// All of the child's stderr, read on a thread of its own, when joined.
+fn read_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    })
+}
+
 fn wait_with_timeout(child: &mut Child) -> std::process::ExitStatus {
     let deadline = Instant::now() + TIMEOUT;
     loop {
@@ -160,12 +170,7 @@ fn interrupt_once(
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning rpull");
-    let mut stderr = child.stderr.take().expect("piped stderr");
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
+    let stderr = read_stderr(&mut child);
     let lines = read_lines(&mut child);
     let mut seen = Vec::new();
     loop {
@@ -354,12 +359,7 @@ fn sigterm_to_bench_stops_its_pull_and_leaves_nothing() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawning rpull bench");
-    let mut stderr = bench.stderr.take().expect("piped stderr");
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
+    let stderr = read_stderr(&mut bench);
     // Its end-to-end pull, once that has a staging directory (it is writing beside DIR).
     let deadline = Instant::now() + Duration::from_secs(120);
     let pull = loop {

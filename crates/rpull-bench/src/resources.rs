@@ -249,8 +249,8 @@ pub(crate) fn stop_work(grace: Duration) {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .0;
         if killed {
-            // A child that started before the stop and was missed cannot be: new ones are
-            // refused. Keep killing any still listed (SIGKILL cannot be ignored).
+            // No child starts once the stop has begun (new ones are refused), so the list only
+            // shrinks; any still listed gets SIGKILL again.
             signal(&state, libc::SIGKILL);
         }
     }
@@ -258,7 +258,7 @@ pub(crate) fn stop_work(grace: Duration) {
 }
 
 /// Runs `command` to completion, measuring it with `wait4`. Stdout and stderr are captured.
-/// Refused (`Interrupted`) while [`stop_work`] runs.
+/// Refused (`Interrupted`) while an abandoned [`Bench`](crate::Bench) is being stopped.
 pub fn run_measured(command: &mut Command) -> io::Result<MeasuredRun> {
     run_measured_with_input(command, None)
 }
