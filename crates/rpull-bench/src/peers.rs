@@ -595,8 +595,6 @@ fn run_podman(ctx: &PeerContext, tools: &Tools, dir: &Path) -> Outcome {
     // Its layer downloads go to TMPDIR (containers/image's default is /var/tmp, whatever --tmpdir
     // says): on the destination's filesystem with the rest of its data, and inside the bench's
     // directory, so a podman stopped in the middle leaves nothing behind.
-    fs_err::create_dir_all(&tmpdir)
-        .map_err(|e| failed(&render(&tools.command(0)))(e.to_string()))?;
     let podman = |args: &[&str]| {
         let mut command = tools.command(0);
         command
@@ -616,6 +614,7 @@ fn run_podman(ctx: &PeerContext, tools: &Tools, dir: &Path) -> Outcome {
         tmpdir.display(),
         render(&podman(&["pull", "--tls-verify=false", &ctx.reference]))
     );
+    fs_err::create_dir_all(&tmpdir).map_err(|e| failed(&options)(e.to_string()))?;
     // Initialise the store before the first run, so no run pays for it.
     run_quiet(&mut podman(&["images"])).map_err(failed(&options))?;
     let mut reset = || run_quiet(&mut podman(&["rmi", "-af"])).map(drop);
