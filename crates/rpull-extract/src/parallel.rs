@@ -68,9 +68,9 @@ const BATCH_FILES: usize = 128;
 ///
 /// What is queued must outlast the extracting thread's waits for a core (the likely cause, from
 /// `perf sched latency`: with every core busy writing, it waited 0.9 ms on average to run after a
-/// wake-up, up to 3.7 ms). On tmpfs a batch of 128 small files is about 1.4 ms of a worker's work. With 2 batches of up to 1 MiB per worker
-/// (the values before), a 150k-file extraction on 2 cores left them idle twice as long as with
-/// 16 batches of 256 KiB (0.15 against 0.075 CPU-s, medians; docs/performance.md, "What
+/// wake-up, up to 3.7 ms). On tmpfs a batch of 128 small files is about 1.4 ms of a worker's
+/// work. With 2 batches of up to 1 MiB per worker (the values before), a 150k-file extraction on
+/// 2 cores left them idle twice as long as with 16 batches of 256 KiB (0.15 against 0.075 CPU-s, medians; docs/performance.md, "What
 /// changed"). File data queued stays about where it was: batches of 256 KiB instead of 1 MiB, and
 /// a count shared by the layer's workers instead of multiplied by them (8 MiB per layer with 2
 /// workers before, 16 MiB with 4).
@@ -828,7 +828,7 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_holds_at_most_its_bytes_unless_one_file_is_bigger_and_the_queue_is_per_layer() {
+    fn a_batch_holds_at_most_its_bytes_and_the_queue_is_per_layer() {
         let dir = tempfile::tempdir().unwrap();
         let parent = open_dir(dir.path());
         let mut backend = ParallelBackend::new(1, false).unwrap();
@@ -840,8 +840,9 @@ mod tests {
             write(&mut backend, &parent, &name, &data).unwrap();
             let batch = &backend.workers[0].batch;
             held.push(batch.data.len());
+            // No queued file is bigger than a batch (the compile-time check on MAX_QUEUED_FILE).
             assert!(
-                batch.data.len() <= BATCH_BYTES || batch.jobs.len() == 1,
+                batch.data.len() <= BATCH_BYTES,
                 "file {index}: a batch of {} files holds {} bytes",
                 batch.jobs.len(),
                 batch.data.len()
