@@ -315,9 +315,9 @@ struct LayerJob {
 
 /// Which layers run their threads at the lower priority: those under half the biggest layer's
 /// size. A layer nearly as big as the biggest is about as long a chain of decoding, so it keeps
-/// the normal priority too; equal layers all do (with one of four equal layers ahead of the
-/// others, pulls were 2-3% slower: docs/performance.md). A single layer has nothing to share the
-/// cores with.
+/// the normal priority too; equal layers all do (four equal layers with the first ahead of the
+/// others pulled 3% slower than all at one priority: docs/performance.md). A single layer has
+/// nothing to share the cores with.
 fn background_layers(sizes: &[u64]) -> Vec<bool> {
     let biggest = sizes.iter().copied().max().unwrap_or(0);
     sizes
