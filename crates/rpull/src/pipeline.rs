@@ -316,14 +316,11 @@ struct LayerJob {
 /// Which layers run their threads at the lower priority: those under half the biggest layer's
 /// size. A layer nearly as big as the biggest is about as long a chain of decoding, so it keeps
 /// the normal priority too; equal layers all do (four equal layers with the first ahead of the
-/// others pulled 3% slower than all at one priority: docs/performance.md). A single layer has
-/// nothing to share the cores with.
+/// others pulled 3% slower than all at one priority: docs/performance.md). A single layer is the
+/// biggest, so it never runs in the background.
 fn background_layers(sizes: &[u64]) -> Vec<bool> {
     let biggest = sizes.iter().copied().max().unwrap_or(0);
-    sizes
-        .iter()
-        .map(|&size| sizes.len() > 1 && size < biggest / 2)
-        .collect()
+    sizes.iter().map(|&size| size < biggest / 2).collect()
 }
 
 /// How many steps of nice value the decode, extract and write threads of a background layer run
