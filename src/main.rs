@@ -46,19 +46,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// Waits for Ctrl-C (SIGINT) or SIGTERM, as `docker stop`, systemd and CI timeouts send. Either
-/// ends the command's future, so what it made (a pull's staging directory, the bench's work
-/// directories) is removed as on an error. Returns what to say and the exit status: 128 + the
-/// signal's number, as a shell reports it.
 /// Worker threads of the async runtime: one per two cores. The runtime only receives bytes and
 /// hands them on; hashing, decoding and extraction run on threads of their own. More workers
 /// mostly woke each other to look for work to steal: on 2 cores, one worker instead of two pulled
-/// the realistic image and 1 GB in one layer 1-4% faster, with less CPU, in 7 of 8 alternating
+/// the realistic image and 1 GB in one layer 1-4% faster, mostly with less CPU, in 8 of 9 alternating
 /// sets (docs/performance.md, "What changed").
 fn runtime_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
 }
 
+/// Waits for Ctrl-C (SIGINT) or SIGTERM, as `docker stop`, systemd and CI timeouts send. Either
+/// ends the command's future, so what it made (a pull's staging directory, the bench's work
+/// directories) is removed as on an error. Returns what to say and the exit status: 128 + the
+/// signal's number, as a shell reports it.
 async fn stop_signal() -> (&'static str, u8) {
     use tokio::signal::unix::{SignalKind, signal};
     match signal(SignalKind::terminate()) {
