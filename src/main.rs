@@ -52,7 +52,13 @@ fn main() -> ExitCode {
 /// the realistic image and 1 GB in one layer 1-4% faster, mostly with less CPU, in 8 of 9 alternating
 /// sets (docs/performance.md, "What changed").
 fn runtime_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
+    workers_for_cores(std::thread::available_parallelism().map_or(1, |cores| cores.get()))
+}
+
+/// [`runtime_workers`] on a machine of `cores` cores (as `available_parallelism` counts them: the
+/// cores this process may run on).
+fn workers_for_cores(cores: usize) -> usize {
+    (cores / 2).max(1)
 }
 
 /// Waits for Ctrl-C (SIGINT) or SIGTERM, as `docker stop`, systemd and CI timeouts send. Either
@@ -79,5 +85,22 @@ async fn stop_signal() -> (&'static str, u8) {
 async fn ctrl_c() {
     if tokio::signal::ctrl_c().await.is_err() {
         std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runtime_gets_one_worker_per_two_cores_and_at_least_one() {
+        let workers: Vec<usize> = [1, 2, 3, 4, 5, 8, 64]
+            .into_iter()
+            .map(workers_for_cores)
+            .collect();
+        assert_eq!(workers, [1, 1, 1, 2, 2, 4, 32]);
+        // What this machine gets: never more than half of its cores, unless it has one.
+        let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+        assert!(runtime_workers() == 1 || runtime_workers() * 2 <= cores);
     }
 }
