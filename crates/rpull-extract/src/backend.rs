@@ -271,6 +271,8 @@ pub(crate) mod syscall {
 pub struct StdBackend {
     xattrs: XattrPolicy,
     replaced: bool,
+    /// Whether files of [`PREALLOCATE_FROM`] bytes or more get their blocks first.
+    pub(crate) preallocate: bool,
 }
 
 impl StdBackend {
@@ -280,7 +282,15 @@ impl StdBackend {
         Self {
             xattrs: XattrPolicy::new(chown),
             replaced: false,
+            preallocate: false,
         }
+    }
+
+    /// The same backend, allocating the blocks of files of 8 MiB and more before writing them
+    /// when `preallocate` ([`preallocation_helps`](crate::preallocation_helps) says where).
+    pub fn preallocating(mut self, preallocate: bool) -> Self {
+        self.preallocate = preallocate;
+        self
     }
 }
 
@@ -294,6 +304,9 @@ impl IoBackend for StdBackend {
         let (fd, replaced) = create_replacing(self, parent, file.name, file.create_mode)
             .map_err(|errno| io_error(file.entry, "creating file", errno))?;
         self.replaced |= replaced;
+        if self.preallocate {
+            preallocate(fd.as_fd(), file.size);
+        }
         let total = write_from(fd.as_fd(), data, file.entry)?;
         apply_file_metadata(fd.as_fd(), &file.metadata, &mut self.xattrs, file.entry)?;
         Ok(total)
@@ -334,6 +347,23 @@ pub(crate) fn create_replacing(
             Ok((create()?, true))
         }
         other => Ok((other?, false)),
+    }
+}
+
+/// Files of at least this many bytes get their blocks allocated before their data is written,
+/// where the backend preallocates ([`preallocation_helps`](crate::preallocation_helps)).
+pub(crate) const PREALLOCATE_FROM: u64 = 8 << 20;
+
+/// Allocates the blocks of the new file `fd` for `size` bytes without changing its size
+/// (`fallocate` with `FALLOC_FL_KEEP_SIZE`), when it is [`PREALLOCATE_FROM`] bytes or more. A
+/// refusal only costs the gain: the writes that follow allocate as they would have, and report
+/// any error of their own (a full disk among them) naming the file.
+pub(crate) fn preallocate(fd: BorrowedFd<'_>, size: u64) {
+    if size < PREALLOCATE_FROM {
+        return;
+    }
+    if let Err(errno) = rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::KEEP_SIZE, 0, size) {
+        debug!(%errno, size, "could not allocate a file's blocks before writing it");
     }
 }
 
@@ -416,20 +446,23 @@ pub(crate) fn apply_file_metadata(
 
 /// The backend for `kind`; `Auto` falls back to std (with a `debug!` line saying why) when
 /// io_uring is unavailable, while an explicit `Uring` fails. Std with `write_threads > 1` into an
-/// empty `target` is a [`ParallelBackend`].
+/// empty `target` is a [`ParallelBackend`]. Each preallocates big files where
+/// [`preallocation_helps`](crate::preallocation_helps) on `target`'s file system.
 pub(crate) fn new_backend(
     kind: IoBackendKind,
     chown: bool,
     target: &Path,
     write_threads: usize,
 ) -> Result<Box<dyn IoBackend>, ExtractError> {
+    let preallocate = crate::filesystem::preallocation_helps(target) == Some(true);
+    let std_backend = || StdBackend::new(chown).preallocating(preallocate);
     let (resolved, reason) = kind.resolve();
     match resolved {
         IoBackendKind::Uring => match UringBackend::new(chown) {
-            Ok(backend) => Ok(Box::new(backend)),
+            Ok(backend) => Ok(Box::new(backend.preallocating(preallocate))),
             Err(error) if kind == IoBackendKind::Auto => {
                 debug!(%error, "io_uring backend could not be set up; using the std backend");
-                Ok(Box::new(StdBackend::new(chown)))
+                Ok(Box::new(std_backend()))
             }
             Err(error) => Err(io_error(
                 target.as_os_str().as_encoded_bytes(),
@@ -453,13 +486,13 @@ pub(crate) fn new_backend(
             }
             if write_threads > 1 && is_empty_dir(target) {
                 match ParallelBackend::new(write_threads, chown) {
-                    Ok(backend) => return Ok(Box::new(backend)),
+                    Ok(backend) => return Ok(Box::new(backend.preallocating(preallocate))),
                     Err(error) => {
                         debug!(%error, "could not start write threads; writing files on the extracting thread");
                     }
                 }
             }
-            Ok(Box::new(StdBackend::new(chown)))
+            Ok(Box::new(std_backend()))
         }
     }
 }

@@ -24,7 +24,9 @@ mod uring;
 pub use backend::{FileMetadata, IoBackend, NewFile, StdBackend, TAR_READ_BUFFER};
 pub use error::ExtractError;
 pub use extract::extract_layer;
-pub use filesystem::{filesystem_type, in_memory_filesystem, parallel_creation_scales};
+pub use filesystem::{
+    filesystem_type, in_memory_filesystem, parallel_creation_scales, preallocation_helps,
+};
 pub use finalize::finalize_tree;
 pub use merge::merge_layer;
 pub use options::{CreateGate, ExtractOptions, IoBackendKind};

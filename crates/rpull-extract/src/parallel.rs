@@ -318,6 +318,14 @@ impl ParallelBackend {
         })
     }
 
+    /// The same backend, allocating the blocks of files of 8 MiB and more before writing them
+    /// when `preallocate` (those are written by the extracting thread: see
+    /// [`StdBackend::preallocating`]).
+    pub fn preallocating(mut self, preallocate: bool) -> Self {
+        self.inline.preallocate = preallocate;
+        self
+    }
+
     /// The (device, inode) of `dir`: from `last_parent` when it is that open descriptor (kept open
     /// there, so its number cannot have been reused), else `fstat`.
     fn identity(&self, dir: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {

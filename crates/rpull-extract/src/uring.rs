@@ -37,7 +37,7 @@ use tracing::debug;
 
 use crate::backend::{
     BUFFER_SIZE, FileMetadata, IoBackend, NewFile, apply_file_metadata, create_replacing, fill,
-    syscall,
+    preallocate, syscall,
 };
 use crate::error::{ExtractError, entry_path, io_error};
 use crate::metadata::XattrPolicy;
@@ -213,6 +213,8 @@ pub struct UringBackend {
     /// The first failure of deferred work, returned by the next call.
     error: Option<ExtractError>,
     replaced: bool,
+    /// Whether files of 8 MiB and more get their blocks before their writes are queued.
+    preallocate: bool,
     /// Files whose writes completed, to finish outside the reaping loop.
     done: VecDeque<u32>,
     /// Dropping: completions only release resources.
@@ -255,9 +257,17 @@ impl UringBackend {
             in_flight_bytes: 0,
             error: None,
             replaced: false,
+            preallocate: false,
             done: VecDeque::new(),
             draining: false,
         })
+    }
+
+    /// The same backend, allocating the blocks of files of 8 MiB and more before writing them
+    /// when `preallocate` ([`preallocation_helps`](crate::preallocation_helps) says where).
+    pub fn preallocating(mut self, preallocate: bool) -> Self {
+        self.preallocate = preallocate;
+        self
     }
 
     fn check(&mut self) -> Result<(), ExtractError> {
@@ -461,6 +471,9 @@ impl IoBackend for UringBackend {
             create_replacing(self, file.parent.as_fd(), file.name, file.create_mode)
                 .map_err(|errno| io_error(file.entry, "creating file", errno))?;
         self.replaced |= replaced;
+        if self.preallocate {
+            preallocate(fd.as_fd(), file.size);
+        }
         let read_error = |source| ExtractError::Tar {
             entry: entry_path(file.entry),
             source,

@@ -8,7 +8,8 @@ use std::process::Command;
 
 use common::{Layer, is_root, snapshot};
 use rpull_extract::{
-    CreateGate, ExtractOptions, extract_layer, finalize_tree, parallel_creation_scales,
+    CreateGate, ExtractOptions, IoBackendKind, extract_layer, finalize_tree,
+    parallel_creation_scales, preallocation_helps,
 };
 
 /// An ext4 file system made in a file under a temporary directory and mounted on another; it is
@@ -28,7 +29,7 @@ impl LoopExt4 {
             .map_err(|e| e.to_string())?;
         let image = dir.path().join("ext4.img");
         std::fs::File::create(&image)
-            .and_then(|file| file.set_len(32 << 20))
+            .and_then(|file| file.set_len(64 << 20))
             .map_err(|e| e.to_string())?;
         let features = if journal {
             "has_journal"
@@ -136,4 +137,113 @@ fn ext4_with_a_journal_gets_write_threads_and_no_gate_and_without_one_neither() 
         trees.push(snapshot(&root));
     }
     assert_eq!(trees[0], trees[1]);
+}
+
+/// `FIEMAP_EXTENT_DELALLOC`: the extent's blocks are not allocated yet (delayed allocation).
+const FIEMAP_EXTENT_DELALLOC: u32 = 0x4;
+
+/// The flags of each extent of the file at `path`, as `FS_IOC_FIEMAP` reports them without
+/// writing anything back first.
+fn extent_flags(path: &Path) -> Vec<u32> {
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Extent {
+        logical: u64,
+        physical: u64,
+        length: u64,
+        reserved64: [u64; 2],
+        flags: u32,
+        reserved: [u32; 3],
+    }
+    #[repr(C)]
+    struct Fiemap {
+        start: u64,
+        length: u64,
+        flags: u32,
+        mapped_extents: u32,
+        extent_count: u32,
+        reserved: u32,
+        extents: [Extent; 64],
+    }
+    // _IOWR('f', 11, struct fiemap): the 32-byte header.
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+    let file = std::fs::File::open(path).unwrap();
+    let mut map = Fiemap {
+        start: 0,
+        length: u64::MAX,
+        flags: 0,
+        mapped_extents: 0,
+        extent_count: 64,
+        reserved: 0,
+        extents: [Extent::default(); 64],
+    };
+    // SAFETY: FS_IOC_FIEMAP reads the header and writes at most `extent_count` extents into the
+    // array that follows it, which has that many.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            FS_IOC_FIEMAP,
+            &mut map,
+        )
+    };
+    assert_eq!(rc, 0, "FIEMAP of {}", path.display());
+    map.extents[..map.mapped_extents as usize]
+        .iter()
+        .map(|extent| extent.flags)
+        .collect()
+}
+
+#[test]
+fn big_files_get_their_blocks_before_their_data_on_ext4() {
+    if !is_root() {
+        eprintln!("skipped: mounting a loop ext4 needs root");
+        return;
+    }
+    let fs = match LoopExt4::new(true) {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: cannot make a loop ext4: {why}");
+            return;
+        }
+    };
+    assert_eq!(preallocation_helps(&fs.mount_point), Some(true));
+    // 8 MiB is where preallocation starts; the small file is left to delayed allocation.
+    let big: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 253) as u8).collect();
+    let small = vec![5u8; 1 << 20];
+    let tar = Layer::new()
+        .file("big", 0o644, &big)
+        .file("small", 0o644, &small)
+        .bytes();
+    for (backend, write_threads) in [
+        (IoBackendKind::Std, 1),
+        (IoBackendKind::Std, 2),
+        (IoBackendKind::Uring, 1),
+    ] {
+        if backend.resolve().0 != backend {
+            eprintln!("skipped {backend:?}: io_uring is unavailable here");
+            continue;
+        }
+        let root = fs.mount_point.join(format!("{backend:?}-{write_threads}"));
+        std::fs::create_dir(&root).unwrap();
+        let options = ExtractOptions {
+            backend,
+            write_threads,
+            ..ExtractOptions::for_current_user()
+        };
+        extract_layer(tar.as_slice(), &root, &options).unwrap();
+        // Nothing has been written back yet: the big file's blocks exist already (unwritten
+        // extents), the small file's are still to be allocated.
+        let flags = extent_flags(&root.join("big"));
+        assert!(
+            !flags.is_empty() && flags.iter().all(|f| f & FIEMAP_EXTENT_DELALLOC == 0),
+            "{backend:?} x{write_threads}: big file extents {flags:x?}"
+        );
+        let flags = extent_flags(&root.join("small"));
+        assert!(
+            flags.iter().any(|f| f & FIEMAP_EXTENT_DELALLOC != 0),
+            "{backend:?} x{write_threads}: small file extents {flags:x?}"
+        );
+        assert_eq!(std::fs::read(root.join("big")).unwrap(), big);
+        assert_eq!(std::fs::read(root.join("small")).unwrap(), small);
+    }
 }
