@@ -355,11 +355,31 @@ pub(crate) fn create_replacing(
 pub(crate) const PREALLOCATE_FROM: u64 = 8 << 20;
 
 /// Allocates the blocks of the new file `fd` for `size` bytes without changing its size
-/// (`fallocate` with `FALLOC_FL_KEEP_SIZE`), when it is [`PREALLOCATE_FROM`] bytes or more. A
-/// refusal only costs the gain: the writes that follow allocate as they would have, and report
-/// any error of their own (a full disk among them) naming the file.
+/// (`fallocate` with `FALLOC_FL_KEEP_SIZE`), when it is [`PREALLOCATE_FROM`] bytes or more and at
+/// most half of the space the file system has free. A refusal only costs the gain: the writes
+/// that follow allocate as they would have, and report any error of their own (a full disk among
+/// them) naming the file.
+///
+/// The size is the tar header's, which a hostile layer may state without the data to back it: the
+/// extraction then fails at the missing data, and the half of the free space is what such a file
+/// can take until its staging directory is removed. (Data it does carry, a gzip bomb's, is
+/// written either way.)
 pub(crate) fn preallocate(fd: BorrowedFd<'_>, size: u64) {
     if size < PREALLOCATE_FROM {
+        return;
+    }
+    let free = match rustix::fs::fstatvfs(fd) {
+        Ok(stat) => stat.f_bavail.saturating_mul(stat.f_frsize),
+        Err(errno) => {
+            debug!(%errno, "could not read the free space before allocating a file's blocks");
+            return;
+        }
+    };
+    if size > free / 2 {
+        debug!(
+            size,
+            free, "a file of more than half the free space is not allocated ahead"
+        );
         return;
     }
     if let Err(errno) = rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::KEEP_SIZE, 0, size) {

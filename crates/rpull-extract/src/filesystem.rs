@@ -41,8 +41,8 @@ pub fn parallel_creation_scales(path: &Path) -> Option<bool> {
 }
 
 /// Whether big files written into `path`'s file system get their blocks allocated before their
-/// data (`fallocate` keeping the size, for files of 8 MiB and more): on ext4 only, where it was
-/// measured; `None` when `path` cannot be inspected.
+/// data (`fallocate` keeping the size, for files of 8 MiB up to half the free space): on ext4
+/// only, where it was measured; `None` when `path` cannot be inspected.
 ///
 /// Measured (docs/performance.md, on this project's 2-core VMs): while a pull's early write-back
 /// (a `syncfs` per 64 MiB) allocates the blocks of a big file's written part, ext4 holds the

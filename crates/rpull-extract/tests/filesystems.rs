@@ -247,3 +247,38 @@ fn big_files_get_their_blocks_before_their_data_on_ext4() {
         assert_eq!(std::fs::read(root.join("small")).unwrap(), small);
     }
 }
+
+#[test]
+fn a_file_of_more_than_half_the_free_space_is_not_allocated_ahead() {
+    if !is_root() {
+        eprintln!("skipped: mounting a loop ext4 needs root");
+        return;
+    }
+    let fs = match LoopExt4::new(true) {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: cannot make a loop ext4: {why}");
+            return;
+        }
+    };
+    // Three quarters of what is free: more than half of it, and still room to write it.
+    let stat = rustix::fs::statvfs(&fs.mount_point).unwrap();
+    let free = stat.f_bavail * stat.f_frsize;
+    let size = (free * 3 / 4) & !0xfffff;
+    assert!(
+        size >= 8 << 20,
+        "a {free}-byte file system is too small for this test"
+    );
+    let data = vec![3u8; size as usize];
+    let tar = Layer::new().file("big", 0o644, &data).bytes();
+    let root = fs.mount_point.join("rootfs");
+    std::fs::create_dir(&root).unwrap();
+    extract_layer(tar.as_slice(), &root, &ExtractOptions::for_current_user()).unwrap();
+    // Written, by delayed allocation: its blocks were not allocated before its data.
+    let flags = extent_flags(&root.join("big"));
+    assert!(
+        flags.iter().any(|f| f & FIEMAP_EXTENT_DELALLOC != 0),
+        "extents {flags:x?}"
+    );
+    assert_eq!(std::fs::read(root.join("big")).unwrap(), data);
+}
