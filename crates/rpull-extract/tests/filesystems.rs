@@ -193,18 +193,22 @@ fn extent_flags(path: &Path) -> Vec<u32> {
         .collect()
 }
 
-#[test]
-fn big_files_get_their_blocks_before_their_data_on_ext4() {
+/// A loop-mounted ext4 with a journal, or `None` (saying why the test is skipped) where one cannot
+/// be made: not root, or no loop devices.
+fn journaled_ext4() -> Option<LoopExt4> {
     if !is_root() {
         eprintln!("skipped: mounting a loop ext4 needs root");
-        return;
+        return None;
     }
-    let fs = match LoopExt4::new(true) {
-        Ok(fs) => fs,
-        Err(why) => {
-            eprintln!("skipped: cannot make a loop ext4: {why}");
-            return;
-        }
+    LoopExt4::new(true)
+        .map_err(|why| eprintln!("skipped: cannot make a loop ext4: {why}"))
+        .ok()
+}
+
+#[test]
+fn big_files_get_their_blocks_before_their_data_on_ext4() {
+    let Some(fs) = journaled_ext4() else {
+        return;
     };
     assert_eq!(preallocation_helps(&fs.mount_point), Some(true));
     // 8 MiB is where preallocation starts; the small file is left to delayed allocation.
@@ -250,16 +254,8 @@ fn big_files_get_their_blocks_before_their_data_on_ext4() {
 
 #[test]
 fn a_file_of_more_than_half_the_free_space_is_not_allocated_ahead() {
-    if !is_root() {
-        eprintln!("skipped: mounting a loop ext4 needs root");
+    let Some(fs) = journaled_ext4() else {
         return;
-    }
-    let fs = match LoopExt4::new(true) {
-        Ok(fs) => fs,
-        Err(why) => {
-            eprintln!("skipped: cannot make a loop ext4: {why}");
-            return;
-        }
     };
     // Three quarters of what is free: more than half of it, and still room to write it.
     let stat = rustix::fs::statvfs(&fs.mount_point).unwrap();
