@@ -362,8 +362,8 @@ pub(crate) const PREALLOCATE_FROM: u64 = 8 << 20;
 ///
 /// The size is the tar header's, which a hostile layer may state without the data to back it: the
 /// extraction then fails at the missing data, and the half of the free space is what such a file
-/// can take until its staging directory is removed. (Data it does carry, a gzip bomb's, is
-/// written either way.)
+/// can take until what was extracted is removed (by a pull, with its staging directory). (Data
+/// it does carry, a gzip bomb's, is written either way.)
 pub(crate) fn preallocate(fd: BorrowedFd<'_>, size: u64) {
     if size < PREALLOCATE_FROM {
         return;

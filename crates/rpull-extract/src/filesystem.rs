@@ -48,10 +48,10 @@ pub fn parallel_creation_scales(path: &Path) -> Option<bool> {
 /// (a `syncfs` per 64 MiB) allocates the blocks of a big file's written part, ext4 holds the
 /// file's `i_data_sem`, and the extraction thread waited for it in `ext4_da_get_block_prep` on
 /// its next `write` (97-103 ms in 14-15 waits in two traced 1 GB pulls). With the blocks
-/// allocated first it never waited there: the realistic image's pulls into ext4 were 1-6% faster
-/// in all four alternating sets, 1 GB pulls 2-6% faster in three sets and even in the fourth. On
-/// tmpfs `fallocate` would fill the file with zeroed pages before writing them again; other file
-/// systems were not measured.
+/// allocated first, a third traced pull did not wait there, and the realistic image's pulls into
+/// ext4 were 1-6% faster in all four alternating sets, 1 GB pulls 2-6% faster in three sets and
+/// even in the fourth. On tmpfs `fallocate` would fill the file with zeroed pages before writing
+/// them again; other file systems were not measured.
 pub fn preallocation_helps(path: &Path) -> Option<bool> {
     Some(statfs_magic(path)? == EXT4_SUPER_MAGIC)
 }
