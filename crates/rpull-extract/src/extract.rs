@@ -52,6 +52,7 @@ pub fn extract_layer(
         options.chown,
         target,
         options.write_threads_for(target),
+        options.direct_writes,
     )?;
     extract_with(tar, target, options, backend.as_mut())
 }

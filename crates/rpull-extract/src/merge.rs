@@ -53,9 +53,9 @@ pub fn merge_layer(
     summary: &LayerSummary,
     options: &ExtractOptions,
 ) -> Result<MergeStats, ExtractError> {
-    // The merge writes no file: the backend runs its renames, links, unlinks and mkdirs.
-    // The merge writes no regular file: no write threads.
-    let mut backend = new_backend(options.backend, options.chown, root, 1)?;
+    // The merge writes no regular file (no write threads, no direct writes): the backend runs
+    // its renames, links, unlinks and mkdirs.
+    let mut backend = new_backend(options.backend, options.chown, root, 1, false)?;
     merge_with(root, staged, summary, backend.as_mut())
 }
 

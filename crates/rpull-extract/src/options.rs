@@ -58,6 +58,17 @@ pub struct ExtractOptions {
     /// of a pull into anything but tmpfs, ramfs and ext4 with a journal
     /// ([`CreateGate::for_target`]).
     pub create_gate: Option<CreateGate>,
+    /// Write the data of regular files of 8 MiB or more with `O_DIRECT`, straight to the device
+    /// rather than into the page cache, where big files get their blocks first (ext4:
+    /// [`preallocation_helps`](crate::preallocation_helps)), with the std backend (and the
+    /// extracting thread of its write threads). For an extraction that is made durable
+    /// afterwards: each write then waits for the device, which the `syncfs` would have waited
+    /// for anyway, and the data is neither copied into the page cache nor written back from it.
+    /// The pipeline sets it when a pull syncs (`--fsync end` or `layer`, and `auto` on a disk).
+    ///
+    /// Measured (docs/performance.md, "What changed"): a pull of 1 GB in one file into ext4 took
+    /// 8-15% less CPU of the machine.
+    pub direct_writes: bool,
 }
 
 /// Makes the inode-creating system calls of the extractions that share it one at a time.
@@ -120,7 +131,7 @@ impl Eq for CreateGate {}
 
 impl ExtractOptions {
     /// `chown` and `special_files` only when running as root (effective uid 0), the std backend,
-    /// write threads chosen per destination (`0`).
+    /// write threads chosen per destination (`0`), no gate, no direct writes.
     pub fn for_current_user() -> Self {
         let root = rustix::process::geteuid().is_root();
         Self {
@@ -129,6 +140,7 @@ impl ExtractOptions {
             backend: IoBackendKind::Std,
             write_threads: 0,
             create_gate: None,
+            direct_writes: false,
         }
     }
 

@@ -47,8 +47,8 @@ use rustix::io::Errno;
 use tracing::debug;
 
 use crate::backend::{
-    CREATE_FLAGS, FileMetadata, IoBackend, NewFile, StdBackend, apply_file_metadata, syscall,
-    write_all,
+    CREATE_FLAGS, DirectBuffer, FileMetadata, IoBackend, NewFile, StdBackend, apply_file_metadata,
+    syscall, write_all,
 };
 use crate::error::{ExtractError, entry_path, io_error};
 use crate::metadata::XattrPolicy;
@@ -323,6 +323,13 @@ impl ParallelBackend {
     /// [`StdBackend::preallocating`]).
     pub fn preallocating(mut self, preallocate: bool) -> Self {
         self.inline.preallocate = preallocate;
+        self
+    }
+
+    /// The same backend, writing files of 8 MiB and more past the page cache when `direct`
+    /// (those are written by the extracting thread: see [`StdBackend::writing_direct`]).
+    pub fn writing_direct(mut self, direct: bool) -> Self {
+        self.inline.direct = direct.then(DirectBuffer::default);
         self
     }
 

@@ -278,3 +278,79 @@ fn a_file_of_more_than_half_the_free_space_is_not_allocated_ahead() {
     );
     assert_eq!(std::fs::read(root.join("big")).unwrap(), data);
 }
+
+/// Whether the first page of the file at `path` is in the page cache: a read of it that may not
+/// wait for the device (`preadv2` with `RWF_NOWAIT`) succeeds only then.
+fn first_page_cached(path: &Path) -> bool {
+    let file = std::fs::File::open(path).unwrap();
+    let mut page = [0u8; 4096];
+    let iov = libc::iovec {
+        iov_base: page.as_mut_ptr().cast(),
+        iov_len: page.len(),
+    };
+    // SAFETY: one iovec over `page`, which outlives the call.
+    let rc = unsafe {
+        libc::preadv2(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            &iov,
+            1,
+            0,
+            libc::RWF_NOWAIT,
+        )
+    };
+    if rc < 0 {
+        let error = std::io::Error::last_os_error();
+        assert_eq!(
+            error.raw_os_error(),
+            Some(libc::EAGAIN),
+            "preadv2 of {}",
+            path.display()
+        );
+        return false;
+    }
+    true
+}
+
+#[test]
+fn big_files_are_written_past_the_page_cache_on_ext4_when_asked() {
+    let Some(fs) = journaled_ext4() else {
+        return;
+    };
+    // 8 MiB and more is written with O_DIRECT, here with a tail that is not a whole block (which
+    // goes through the page cache); the small file always goes through the page cache.
+    let big: Vec<u8> = (0..(8 << 20) + 1000)
+        .map(|i: u32| (i % 251) as u8)
+        .collect();
+    let small = vec![5u8; 1 << 20];
+    let tar = Layer::new()
+        .file("big", 0o644, &big)
+        .file("small", 0o644, &small)
+        .bytes();
+    for direct_writes in [true, false] {
+        for write_threads in [1, 2] {
+            let root = fs
+                .mount_point
+                .join(format!("direct-{direct_writes}-{write_threads}"));
+            std::fs::create_dir(&root).unwrap();
+            let options = ExtractOptions {
+                backend: IoBackendKind::Std,
+                write_threads,
+                direct_writes,
+                ..ExtractOptions::for_current_user()
+            };
+            extract_layer(tar.as_slice(), &root, &options).unwrap();
+            let case = format!("direct_writes {direct_writes}, x{write_threads}");
+            assert_eq!(
+                first_page_cached(&root.join("big")),
+                !direct_writes,
+                "{case}: the big file's first page"
+            );
+            assert!(
+                first_page_cached(&root.join("small")),
+                "{case}: the small file"
+            );
+            assert_eq!(std::fs::read(root.join("big")).unwrap(), big, "{case}");
+            assert_eq!(std::fs::read(root.join("small")).unwrap(), small, "{case}");
+        }
+    }
+}

@@ -401,6 +401,8 @@ async fn layer_task(
         let (target, codec, writeback) = (job.target.clone(), job.codec, job.writeback.clone());
         let options = ExtractOptions {
             create_gate: job.create_gate.clone(),
+            // A pull that syncs writes big files past the page cache (where that measured faster).
+            direct_writes: writeback.is_some(),
             ..puller.options.extract.clone()
         };
         let (cancel, runtime) = (threads.cancel_token(), Handle::current());

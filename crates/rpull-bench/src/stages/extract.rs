@@ -95,9 +95,23 @@ pub(crate) fn extract_runs(
         "their inodes made at once"
     };
     let threads = options.write_threads_for(&target.base);
+    // As a pull with the default `--fsync auto`, which syncs on a disk: files of 8 MiB and more
+    // written past the page cache where that is done (ext4).
+    let options = &ExtractOptions {
+        direct_writes: options.direct_writes
+            || rpull_extract::in_memory_filesystem(&target.base) != Some(true),
+        ..options.clone()
+    };
+    let direct = if options.direct_writes
+        && rpull_extract::preallocation_helps(&target.base) == Some(true)
+    {
+        ", files of 8 MiB and more written with O_DIRECT"
+    } else {
+        ""
+    };
     let description = format!(
         "{} layer tars ({} bytes, {} entries) read from {} and applied into {}: layer 0 into the root, the others staged in \
-         parallel ({creation}, {threads} write thread{} per layer, as a pull does there) and merged in order, then \
+         parallel ({creation}, {threads} write thread{} per layer{direct}, as a pull does there) and merged in order, then \
          finalized (chown {}); syncfs timed apart",
         layers.layers.len(),
         layers.tar_bytes(),
