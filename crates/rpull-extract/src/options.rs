@@ -66,8 +66,8 @@ pub struct ExtractOptions {
     /// for anyway, and the data is neither copied into the page cache nor written back from it.
     /// The pipeline sets it when a pull syncs (`--fsync end` or `layer`, and `auto` on a disk).
     ///
-    /// Measured (docs/performance.md, "What changed"): a pull of 1 GB in one file into ext4 took
-    /// 8-15% less CPU of the machine.
+    /// Measured (docs/performance.md, "What changed"): pulls of 1 GB in one file into ext4 took
+    /// about 10% less time and 8-12% less CPU of the machine.
     pub direct_writes: bool,
 }
 
