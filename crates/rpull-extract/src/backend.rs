@@ -420,12 +420,7 @@ pub(crate) fn write_from(
         let chunk = match data.fill_buf() {
             Ok(chunk) => chunk,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(source) => {
-                return Err(ExtractError::Tar {
-                    entry: entry_path(entry),
-                    source,
-                });
-            }
+            Err(source) => return Err(data_error(entry, source)),
         };
         if chunk.is_empty() {
             return Ok(total);
@@ -545,12 +540,7 @@ fn copy_into(
         let chunk = match data.fill_buf() {
             Ok(chunk) => chunk,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(source) => {
-                return Err(ExtractError::Tar {
-                    entry: entry_path(entry),
-                    source,
-                });
-            }
+            Err(source) => return Err(data_error(entry, source)),
         };
         if chunk.is_empty() {
             break;
@@ -561,6 +551,14 @@ fn copy_into(
         filled += count;
     }
     Ok(filled)
+}
+
+/// Failing to read the data of `entry`: [`ExtractError::Tar`] naming it.
+fn data_error(entry: &[u8], source: io::Error) -> ExtractError {
+    ExtractError::Tar {
+        entry: entry_path(entry),
+        source,
+    }
 }
 
 /// Reads from `data` until `buffer` is full or the data ends; returns the bytes read.
