@@ -609,16 +609,17 @@ pub(crate) fn apply_file_metadata(
 /// The backend for `kind`; `Auto` falls back to std (with a `debug!` line saying why) when
 /// io_uring is unavailable, while an explicit `Uring` fails. Std with `write_threads > 1` into an
 /// empty `target` is a [`ParallelBackend`]. Each preallocates big files where
-/// [`preallocation_helps`](crate::preallocation_helps) on `target`'s file system.
+/// [`preallocation_helps`](crate::preallocation_helps) on `target`'s file system, and the std
+/// ones write them with `O_DIRECT` when `direct`
+/// ([`ExtractOptions::direct_writes_into`](crate::ExtractOptions::direct_writes_into)).
 pub(crate) fn new_backend(
     kind: IoBackendKind,
     chown: bool,
     target: &Path,
     write_threads: usize,
-    direct_writes: bool,
+    direct: bool,
 ) -> Result<Box<dyn IoBackend>, ExtractError> {
     let preallocate = crate::filesystem::preallocation_helps(target) == Some(true);
-    let direct = direct_writes && preallocate;
     let std_backend = || {
         StdBackend::new(chown)
             .preallocating(preallocate)

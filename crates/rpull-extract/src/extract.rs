@@ -52,7 +52,7 @@ pub fn extract_layer(
         options.chown,
         target,
         options.write_threads_for(target),
-        options.direct_writes,
+        options.direct_writes_into(target),
     )?;
     extract_with(tar, target, options, backend.as_mut())
 }

@@ -165,6 +165,13 @@ impl ExtractOptions {
         }
     }
 
+    /// Whether files of 8 MiB and more extracted into `target` are written with `O_DIRECT`:
+    /// [`direct_writes`](Self::direct_writes) set and `target` on a file system where big files
+    /// get their blocks first ([`preallocation_helps`](crate::preallocation_helps): ext4).
+    pub fn direct_writes_into(&self, target: &std::path::Path) -> bool {
+        self.direct_writes && crate::filesystem::preallocation_helps(target) == Some(true)
+    }
+
     /// One write thread per core, at most 4.
     pub fn default_write_threads() -> usize {
         std::thread::available_parallelism().map_or(1, |cores| cores.get().min(4))
@@ -201,6 +208,14 @@ mod tests {
         }
         // A destination that cannot be inspected gets one thread.
         assert_eq!(auto.write_threads_for(Path::new("/no/such/dir")), 1);
+        // Direct writes only when asked for, and only on ext4 (tests/filesystems.rs).
+        let direct = ExtractOptions {
+            direct_writes: true,
+            ..auto.clone()
+        };
+        assert!(!auto.direct_writes_into(Path::new("/no/such/dir")));
+        assert!(!direct.direct_writes_into(Path::new("/no/such/dir")));
+        assert!(!direct.direct_writes_into(Path::new("/proc/self")));
     }
 
     #[test]

@@ -338,6 +338,7 @@ fn big_files_are_written_past_the_page_cache_on_ext4_when_asked() {
                 direct_writes,
                 ..ExtractOptions::for_current_user()
             };
+            assert_eq!(options.direct_writes_into(&root), direct_writes);
             extract_layer(tar.as_slice(), &root, &options).unwrap();
             let case = format!("direct_writes {direct_writes}, x{write_threads}");
             assert_eq!(

@@ -102,9 +102,7 @@ pub(crate) fn extract_runs(
             || rpull_extract::in_memory_filesystem(&target.base) != Some(true),
         ..options.clone()
     };
-    let direct = if options.direct_writes
-        && rpull_extract::preallocation_helps(&target.base) == Some(true)
-    {
+    let direct = if options.direct_writes_into(&target.base) {
         ", files of 8 MiB and more written with O_DIRECT"
     } else {
         ""
