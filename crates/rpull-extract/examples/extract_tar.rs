@@ -2,7 +2,7 @@
 //! generates the benchmark layers of `docs/io-uring.md`:
 //!
 //! ```text
-//! cargo run --release -p rpull-extract --example extract_tar -- LAYER.tar TARGET_DIR [std|uring|auto [WRITE_THREADS]]
+//! cargo run --release -p rpull-extract --example extract_tar -- LAYER.tar TARGET_DIR [std|uring|auto [WRITE_THREADS [direct]]]
 //! cargo run --release -p rpull-extract --example extract_tar -- generate-small OUT.tar [FILES]
 //! cargo run --release -p rpull-extract --example extract_tar -- generate-big OUT.tar [MIB]
 //! ```
@@ -10,7 +10,8 @@
 //! A quick way to compare with `tar -xf LAYER.tar -C TARGET_DIR` on the same machine. The tar is
 //! read through a `BufReader` of [`rpull_extract::TAR_READ_BUFFER`], from which big files' data
 //! is written (as `rpull bench`'s extract stage reads it); the time includes `finalize_tree`
-//! (directory metadata).
+//! (directory metadata). `direct` sets `ExtractOptions::direct_writes`, as a pull that syncs does
+//! (big files on ext4 written with `O_DIRECT`).
 
 use std::io::Write;
 use std::time::Instant;
@@ -37,7 +38,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let (Some(layer), Some(target)) = (arguments.first(), arguments.get(1)) else {
         return Err(
-            "usage: extract_tar LAYER.tar TARGET_DIR [std|uring|auto [WRITE_THREADS]]".into(),
+            "usage: extract_tar LAYER.tar TARGET_DIR [std|uring|auto [WRITE_THREADS [direct]]]"
+                .into(),
         );
     };
     let backend = match arguments.get(2).map(String::as_str) {
@@ -51,9 +53,15 @@ fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         Some(threads) => threads.parse()?,
         None => 0, // chosen per destination
     };
+    let direct_writes = match arguments.get(4).map(String::as_str) {
+        None => false,
+        Some("direct") => true,
+        Some(other) => return Err(format!("unknown option {other} (direct?)").into()),
+    };
     let options = rpull_extract::ExtractOptions {
         backend,
         write_threads,
+        direct_writes,
         ..rpull_extract::ExtractOptions::for_current_user()
     };
     let started = Instant::now();

@@ -442,31 +442,43 @@ const DIRECT_ALIGN: usize = 4096;
 pub(crate) const DIRECT_WRITE: usize = 4 << 20;
 
 /// The memory [`write_direct`] copies a file's data into, aligned as `O_DIRECT` needs
-/// ([`DIRECT_ALIGN`]): [`DIRECT_WRITE`] bytes, allocated at the first use and then kept, so the
-/// host backs it once.
+/// ([`DIRECT_ALIGN`]): two buffers of [`DIRECT_WRITE`] bytes, one filled while the other is
+/// written, allocated at the first use and then kept, so the host backs them once.
 #[derive(Debug, Default)]
 pub(crate) struct DirectBuffer {
     memory: Vec<u8>,
 }
 
 impl DirectBuffer {
-    /// The aligned [`DIRECT_WRITE`] bytes.
-    pub(crate) fn get(&mut self) -> &mut [u8] {
+    /// The two aligned buffers of [`DIRECT_WRITE`] bytes.
+    pub(crate) fn get(&mut self) -> [&mut [u8]; 2] {
         if self.memory.is_empty() {
-            self.memory = vec![0; DIRECT_WRITE + DIRECT_ALIGN];
+            self.memory = vec![0; 2 * DIRECT_WRITE + DIRECT_ALIGN];
         }
         let start = self.memory.as_ptr().align_offset(DIRECT_ALIGN);
-        &mut self.memory[start..start + DIRECT_WRITE]
+        let (first, second) =
+            self.memory[start..start + 2 * DIRECT_WRITE].split_at_mut(DIRECT_WRITE);
+        [first, second]
     }
 }
 
-/// Writes `data` to its end into the new file `fd` with `O_DIRECT`: copied into `buffer` (whose
-/// address and length are multiples of [`DIRECT_ALIGN`]), one write per `buffer.len()` bytes,
-/// straight to the device, without filling the page cache or leaving anything for write-back.
-/// What is left after the last whole block (the tail) is written through the page cache, with
-/// `O_DIRECT` cleared. Where the file system refuses `O_DIRECT`, on `fcntl` or on a write
-/// (`EINVAL`), the rest is written through the page cache as [`write_from`] would. Returns the
-/// bytes written; failing to read `data` is [`ExtractError::Tar`] naming `entry`.
+/// A buffer of [`write_direct`] on its way to the writing thread: its first `filled` bytes are
+/// the file's next data; `last` when the data ends there.
+struct Filled<'a> {
+    buffer: &'a mut [u8],
+    filled: usize,
+    last: bool,
+}
+
+/// Writes `data` to its end into the new file `fd` with `O_DIRECT`: copied into one of `buffers`
+/// (whose addresses and lengths are multiples of [`DIRECT_ALIGN`], both the same length) while a
+/// second thread writes the other, one write per buffer, straight to the device, without filling
+/// the page cache or leaving anything for write-back. The copy and the device's write overlap:
+/// the file takes about as long as the device needs. What is left after the last whole block
+/// (the tail) is written through the page cache, with `O_DIRECT` cleared. Where the file system
+/// refuses `O_DIRECT`, on `fcntl` or on a write (`EINVAL`), the rest is written through the page
+/// cache. Returns the bytes written; failing to read `data` is [`ExtractError::Tar`] naming
+/// `entry`, failing to write it [`ExtractError::Io`].
 ///
 /// For an extraction that is made durable afterwards: the writes wait for the device, which
 /// the final `syncfs` would have waited for anyway.
@@ -474,12 +486,14 @@ pub(crate) fn write_direct(
     fd: BorrowedFd<'_>,
     data: &mut dyn BufRead,
     entry: &[u8],
-    buffer: &mut [u8],
+    buffers: [&mut [u8]; 2],
 ) -> Result<u64, ExtractError> {
+    let len = buffers[0].len();
     debug_assert!(
-        buffer.as_ptr().addr().is_multiple_of(DIRECT_ALIGN)
-            && buffer.len().is_multiple_of(DIRECT_ALIGN),
-        "an O_DIRECT buffer must be aligned"
+        buffers.iter().all(|buffer| buffer.len() == len
+            && buffer.as_ptr().addr().is_multiple_of(DIRECT_ALIGN)
+            && buffer.len().is_multiple_of(DIRECT_ALIGN)),
+        "O_DIRECT buffers must be aligned and of one length"
     );
     let flags = match rustix::fs::fcntl_getfl(fd) {
         Ok(flags) => flags,
@@ -489,43 +503,109 @@ pub(crate) fn write_direct(
         debug!(%errno, "O_DIRECT refused; writing through the page cache");
         return write_from(fd, data, entry);
     }
-    let mut direct = true;
-    let mut total = 0u64;
-    loop {
-        let filled = copy_into(buffer, data, entry)?;
-        total += filled as u64;
-        let whole = if filled == buffer.len() {
-            filled
-        } else {
-            filled - filled % DIRECT_ALIGN
+    // Filled buffers go to the writing thread in file order and come back empty.
+    let (to_writer, filled) = std::sync::mpsc::sync_channel::<Filled<'_>>(2);
+    let (returned, empty) = std::sync::mpsc::sync_channel::<&mut [u8]>(2);
+    for buffer in buffers {
+        returned
+            .send(buffer)
+            .expect("the channel holds both buffers");
+    }
+    std::thread::scope(|scope| {
+        let writer = std::thread::Builder::new()
+            .name("rpull-direct".into())
+            .spawn_scoped(scope, move || write_filled(fd, flags, filled, returned));
+        let writer = match writer {
+            Ok(writer) => writer,
+            Err(error) => {
+                debug!(%error, "no thread to write with O_DIRECT; writing through the page cache");
+                rustix::fs::fcntl_setfl(fd, flags)
+                    .map_err(|errno| io_error(entry, "clearing O_DIRECT on", errno))?;
+                return write_from(fd, data, entry);
+            }
         };
+        let mut total = 0u64;
+        let read = loop {
+            // None: the writer stopped, on an error it returns.
+            let Ok(buffer) = empty.recv() else {
+                break Ok(());
+            };
+            let filled = match copy_into(buffer, data, entry) {
+                Ok(filled) => filled,
+                Err(error) => break Err(error),
+            };
+            total += filled as u64;
+            let last = filled < len;
+            if to_writer
+                .send(Filled {
+                    buffer,
+                    filled,
+                    last,
+                })
+                .is_err()
+                || last
+            {
+                break Ok(());
+            }
+        };
+        drop(to_writer);
+        let written = writer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        read?;
+        written.map_err(|(operation, errno)| io_error(entry, operation, errno))?;
+        Ok(total)
+    })
+}
+
+/// The writing thread of [`write_direct`]: writes each buffer that comes in, in order, with
+/// `O_DIRECT` up to its last whole block and the rest (the last buffer's tail) through the page
+/// cache, and sends it back. A write refused with `EINVAL` clears `O_DIRECT` (`flags` are the
+/// file's own) and writes the rest through the page cache. Stops at the first other error,
+/// which it returns with what it was doing.
+fn write_filled<'a>(
+    fd: BorrowedFd<'_>,
+    flags: OFlags,
+    filled: std::sync::mpsc::Receiver<Filled<'a>>,
+    returned: std::sync::mpsc::SyncSender<&'a mut [u8]>,
+) -> Result<(), (&'static str, Errno)> {
+    let mut direct = true;
+    for Filled {
+        buffer,
+        filled,
+        last,
+    } in filled
+    {
+        let whole = filled - filled % DIRECT_ALIGN;
         let mut rest = &buffer[..whole];
         while !rest.is_empty() {
             match rustix::io::write(fd, rest) {
-                Ok(0) => return Err(io_error(entry, "writing", Errno::NOSPC)),
+                Ok(0) => return Err(("writing", Errno::NOSPC)),
                 Ok(count) => rest = &rest[count..],
                 Err(Errno::INTR) => {}
                 Err(Errno::INVAL) if direct => {
                     debug!("O_DIRECT write refused; writing through the page cache");
                     rustix::fs::fcntl_setfl(fd, flags)
-                        .map_err(|errno| io_error(entry, "clearing O_DIRECT on", errno))?;
+                        .map_err(|errno| ("clearing O_DIRECT on", errno))?;
                     direct = false;
                 }
-                Err(errno) => return Err(io_error(entry, "writing", errno)),
+                Err(errno) => return Err(("writing", errno)),
             }
         }
-        if filled < buffer.len() {
-            let tail = &buffer[whole..filled];
-            if !tail.is_empty() {
-                if direct {
-                    rustix::fs::fcntl_setfl(fd, flags)
-                        .map_err(|errno| io_error(entry, "clearing O_DIRECT on", errno))?;
-                }
-                write_all(fd, tail).map_err(|errno| io_error(entry, "writing", errno))?;
+        let tail = &buffer[whole..filled];
+        if !tail.is_empty() {
+            if direct {
+                rustix::fs::fcntl_setfl(fd, flags)
+                    .map_err(|errno| ("clearing O_DIRECT on", errno))?;
+                direct = false;
             }
-            return Ok(total);
+            write_all(fd, tail).map_err(|errno| ("writing", errno))?;
+        }
+        if last || returned.send(buffer).is_err() {
+            break;
         }
     }
+    Ok(())
 }
 
 /// Copies from `data` into `buffer` until it is full or the data ends; returns the bytes copied.
@@ -681,11 +761,12 @@ mod tests {
 
     use super::*;
 
-    /// `len` bytes of zeroes at an address aligned for `O_DIRECT`, inside `memory`.
-    fn aligned(memory: &mut Vec<u8>, len: usize) -> &mut [u8] {
-        *memory = vec![0; len + DIRECT_ALIGN];
+    /// Two buffers of `len` bytes of zeroes at addresses aligned for `O_DIRECT`, inside `memory`.
+    fn aligned(memory: &mut Vec<u8>, len: usize) -> [&mut [u8]; 2] {
+        *memory = vec![0; 2 * len + DIRECT_ALIGN];
         let start = memory.as_ptr().align_offset(DIRECT_ALIGN);
-        &mut memory[start..start + len]
+        let (first, second) = memory[start..start + 2 * len].split_at_mut(len);
+        [first, second]
     }
 
     /// A new file in `dir`, opened as the backends create files.
@@ -698,8 +779,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut memory = Vec::new();
         // Four blocks per write, so that a file takes several writes and a tail.
-        let buffer = aligned(&mut memory, 4 * DIRECT_ALIGN);
-        let buffer_len = buffer.len();
+        let buffer_len = 4 * DIRECT_ALIGN;
         for size in [
             0,
             1,
@@ -716,7 +796,8 @@ mod tests {
             let mut source = BufReader::with_capacity(3000, data.as_slice());
             let name = format!("file-{size}");
             let fd = create(dir.path(), &name);
-            let written = write_direct(fd.as_fd(), &mut source, name.as_bytes(), buffer).unwrap();
+            let buffers = aligned(&mut memory, buffer_len);
+            let written = write_direct(fd.as_fd(), &mut source, name.as_bytes(), buffers).unwrap();
             drop(fd);
             assert_eq!(written, size as u64, "{size} bytes");
             assert_eq!(
@@ -737,11 +818,11 @@ mod tests {
         }
         let dir = tempfile::tempdir().unwrap();
         let mut memory = Vec::new();
-        let buffer = aligned(&mut memory, 4 * DIRECT_ALIGN);
+        let buffers = aligned(&mut memory, 4 * DIRECT_ALIGN);
         let data = vec![9u8; 5 * DIRECT_ALIGN + 10];
         let mut source = BufReader::new(data.as_slice().chain(Cut));
         let fd = create(dir.path(), "cut");
-        let error = write_direct(fd.as_fd(), &mut source, b"usr/lib/big.so", buffer).unwrap_err();
+        let error = write_direct(fd.as_fd(), &mut source, b"usr/lib/big.so", buffers).unwrap_err();
         assert!(
             matches!(&error, ExtractError::Tar { entry, .. } if entry.as_os_str() == "usr/lib/big.so"),
             "{error:?}"
@@ -749,12 +830,107 @@ mod tests {
     }
 
     #[test]
-    fn the_direct_buffer_is_aligned_and_kept() {
+    fn the_next_buffer_is_filled_while_the_last_is_written() {
+        /// Tells `passed` once its reads go past `at` bytes.
+        struct Watch<'a> {
+            data: &'a [u8],
+            read: usize,
+            at: usize,
+            passed: Option<std::sync::mpsc::Sender<()>>,
+        }
+        impl Read for Watch<'_> {
+            fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+                if self.read > self.at
+                    && let Some(passed) = self.passed.take()
+                {
+                    passed.send(()).unwrap();
+                }
+                let count = (&self.data[self.read..]).read(out)?;
+                self.read += count;
+                Ok(count)
+            }
+        }
+        // The file is a pipe of 64 KiB (`O_DIRECT` makes it a packet pipe), and each buffer is
+        // 128 KiB: the first buffer's write waits for the pipe's reader, which starts reading only
+        // once the data of the second buffer has been asked for (or after 10 s). Copying and
+        // writing one after the other on one thread never asks for it before the reader reads.
+        let (from_pipe, into_pipe) = rustix::pipe::pipe().unwrap();
+        rustix::pipe::fcntl_setpipe_size(&into_pipe, 64 << 10).unwrap();
+        let buffer_len = 32 * DIRECT_ALIGN;
+        let data: Vec<u8> = (0..3 * buffer_len + 100)
+            .map(|i| (i * 13 % 251) as u8)
+            .collect();
+        let (passed, asked) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let overlapped = asked
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .is_ok();
+            // Reads of a whole packet at least: a packet pipe drops what a shorter read leaves.
+            let (mut out, mut packet) = (Vec::new(), vec![0; 64 << 10]);
+            let mut pipe = std::fs::File::from(from_pipe);
+            loop {
+                match pipe.read(&mut packet).unwrap() {
+                    0 => break (overlapped, out),
+                    count => out.extend_from_slice(&packet[..count]),
+                }
+            }
+        });
+        let mut source = BufReader::with_capacity(
+            3000,
+            Watch {
+                data: &data,
+                read: 0,
+                at: buffer_len,
+                passed: Some(passed),
+            },
+        );
+        let mut memory = Vec::new();
+        let buffers = aligned(&mut memory, buffer_len);
+        let written = write_direct(into_pipe.as_fd(), &mut source, b"big.bin", buffers).unwrap();
+        drop(into_pipe);
+        let (overlapped, out) = reader.join().unwrap();
+        assert_eq!(written, data.len() as u64);
+        assert!(out == data, "the pipe got other bytes");
+        assert!(
+            overlapped,
+            "the second buffer was not filled while the first was being written"
+        );
+    }
+
+    #[test]
+    fn a_direct_write_the_file_refuses_names_the_entry_and_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("read-only"), b"").unwrap();
+        // Open for reading only: every write fails (EBADF) on the writing thread, which must
+        // stop the copying one too, whatever the length of the data.
+        let fd = rustix::fs::open(
+            dir.path().join("read-only"),
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        let mut memory = Vec::new();
+        let data = vec![1u8; 64 * DIRECT_ALIGN];
+        let mut source = BufReader::with_capacity(3000, data.as_slice());
+        let buffers = aligned(&mut memory, 4 * DIRECT_ALIGN);
+        let error = write_direct(fd.as_fd(), &mut source, b"opt/big.bin", buffers).unwrap_err();
+        assert!(
+            matches!(&error, ExtractError::Io { entry, operation: "writing", source }
+                if entry.as_os_str() == "opt/big.bin" && source.raw_os_error() == Some(Errno::BADF.raw_os_error())),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn the_direct_buffers_are_aligned_apart_and_kept() {
         let mut buffer = DirectBuffer::default();
-        let first = buffer.get();
-        assert_eq!(first.len(), DIRECT_WRITE);
+        let [first, second] = buffer.get();
+        assert_eq!((first.len(), second.len()), (DIRECT_WRITE, DIRECT_WRITE));
         assert!(first.as_ptr().addr().is_multiple_of(DIRECT_ALIGN));
-        let address = first.as_ptr();
-        assert_eq!(buffer.get().as_ptr(), address);
+        assert!(second.as_ptr().addr().is_multiple_of(DIRECT_ALIGN));
+        let addresses = (first.as_ptr(), second.as_ptr());
+        assert_eq!(first.as_ptr_range().end, second.as_ptr());
+        let [first, second] = buffer.get();
+        assert_eq!((first.as_ptr(), second.as_ptr()), addresses);
     }
 }
