@@ -526,7 +526,8 @@ pub(crate) fn write_direct(
         };
         let mut total = 0u64;
         let read = loop {
-            // None: the writer stopped, on an error it returns.
+            // No buffer comes back once the writer has stopped on an error, which its join
+            // returns.
             let Ok(buffer) = empty.recv() else {
                 break Ok(());
             };
