@@ -519,8 +519,8 @@ pub(crate) fn write_direct(
             Ok(writer) => writer,
             Err(error) => {
                 debug!(%error, "no thread to write with O_DIRECT; writing through the page cache");
-                rustix::fs::fcntl_setfl(fd, flags)
-                    .map_err(|errno| io_error(entry, "clearing O_DIRECT on", errno))?;
+                clear_direct(fd, flags)
+                    .map_err(|(operation, errno)| io_error(entry, operation, errno))?;
                 return write_from(fd, data, entry);
             }
         };
@@ -586,8 +586,7 @@ fn write_filled<'a>(
                 Err(Errno::INTR) => {}
                 Err(Errno::INVAL) if direct => {
                     debug!("O_DIRECT write refused; writing through the page cache");
-                    rustix::fs::fcntl_setfl(fd, flags)
-                        .map_err(|errno| ("clearing O_DIRECT on", errno))?;
+                    clear_direct(fd, flags)?;
                     direct = false;
                 }
                 Err(errno) => return Err(("writing", errno)),
@@ -596,8 +595,7 @@ fn write_filled<'a>(
         let tail = &buffer[whole..filled];
         if !tail.is_empty() {
             if direct {
-                rustix::fs::fcntl_setfl(fd, flags)
-                    .map_err(|errno| ("clearing O_DIRECT on", errno))?;
+                clear_direct(fd, flags)?;
                 direct = false;
             }
             write_all(fd, tail).map_err(|errno| ("writing", errno))?;
@@ -607,6 +605,12 @@ fn write_filled<'a>(
         }
     }
     Ok(())
+}
+
+/// Puts back the file's own `flags` (those it had before `O_DIRECT` was set), so that what follows
+/// goes through the page cache; a failure comes with what was being done.
+fn clear_direct(fd: BorrowedFd<'_>, flags: OFlags) -> Result<(), (&'static str, Errno)> {
+    rustix::fs::fcntl_setfl(fd, flags).map_err(|errno| ("clearing O_DIRECT on", errno))
 }
 
 /// Copies from `data` into `buffer` until it is full or the data ends; returns the bytes copied.

@@ -99,7 +99,7 @@ pub(crate) fn extract_runs(
     // written past the page cache where that is done (ext4).
     let options = &ExtractOptions {
         direct_writes: options.direct_writes
-            || rpull_extract::in_memory_filesystem(&target.base) != Some(true),
+            || rpull::FsyncPolicy::Auto.resolve(&target.base) != rpull::FsyncPolicy::None,
         ..options.clone()
     };
     let direct = if options.direct_writes_into(&target.base) {
