@@ -52,7 +52,8 @@ impl Default for ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// Use plain HTTP for every registry.
+    /// Use plain HTTP for every registry. The system's root certificates are then read only
+    /// when a redirect leads to HTTPS (a blob store, a token realm), at its first certificate.
     pub fn plain_http(mut self, plain_http: bool) -> Self {
         self.plain_http = plain_http;
         self
@@ -122,8 +123,14 @@ impl ClientBuilder {
         }
         if !self.insecure {
             // The platform's verifier as reqwest would build it, its roots loaded on a thread
-            // instead of before the first request (crate::tls).
-            let config = crate::tls::client_config(extra_roots).map_err(Error::TlsSetup)?;
+            // instead of before the first request, or at the first certificate when every
+            // registry is spoken to in plain HTTP (crate::tls).
+            let when = if self.plain_http {
+                crate::tls::LoadRoots::AtFirstUse
+            } else {
+                crate::tls::LoadRoots::Ahead
+            };
+            let config = crate::tls::client_config(extra_roots, when).map_err(Error::TlsSetup)?;
             http = http.tls_backend_preconfigured(config);
         }
         let http = http.build().map_err(Error::ClientBuild)?;
