@@ -6,7 +6,7 @@ use std::io::{self, BufRead, Read};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, channel, sync_channel};
 
 /// Bytes per decoded buffer.
-const CHUNK: usize = 256 * 1024;
+pub(crate) const CHUNK: usize = 256 * 1024;
 /// Buffers in flight between the decoder and the extractor.
 const DEPTH: usize = 8;
 

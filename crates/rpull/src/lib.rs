@@ -17,6 +17,7 @@
 
 mod channel_reader;
 mod decoded;
+mod decoding;
 mod durability;
 mod error;
 mod events;

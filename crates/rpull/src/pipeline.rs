@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
 use crate::channel_reader::{ChannelReader, CountingReader};
-use crate::decoded::{DecodedSender, decoded_channel};
+use crate::decoding::{LayerDecoding, Metered};
 use crate::durability::{WRITEBACK_STEP, Writeback, WritebackCounter, fsync_dir, syncfs};
 use crate::staging::{DestinationState, Staging, destination_state};
 use crate::{FsyncPolicy, LayerReport, LayerState, PullError, PullEvent, PullReport, Puller};
@@ -468,6 +468,7 @@ async fn layer_task(
         seconds = extracted.seconds,
         entries = extracted.summary.entries,
         bytes = extracted.uncompressed_bytes,
+        decode_thread = extracted.decode_thread,
         "layer extracted"
     );
     Ok(LayerOutcome {
@@ -605,6 +606,8 @@ struct Extracted {
     summary: LayerSummary,
     uncompressed_bytes: u64,
     codec: Codec,
+    /// Whether the layer was decoded on a thread of its own.
+    decode_thread: bool,
     seconds: f64,
 }
 
@@ -624,10 +627,11 @@ struct Layer<'a> {
     slots: Option<Arc<Semaphore>>,
 }
 
-/// Runs on the layer's own thread: decode the stream (on a second, scoped thread, so decoding
-/// and extraction overlap) and extract it into `target`, once it has an extraction slot. On
-/// failure the blob is still read to its end, so the digest check (which explains most failures
-/// of a corrupted stream) gets to run.
+/// Runs on the layer's own thread: decode the stream and extract it into `target`, once it has
+/// an extraction slot. Decoding starts on this thread and moves to a second, scoped one when
+/// the layer turns out to inflate, so that decoding and extraction overlap ([`LayerDecoding`]).
+/// On failure the blob is still read to its end, so the digest check (which explains most
+/// failures of a corrupted stream) gets to run.
 fn extract_worker(
     rx: mpsc::Receiver<Bytes>,
     layer: Layer<'_>,
@@ -655,20 +659,18 @@ fn extract_worker(
         None => None,
     };
     let mut reader = ChannelReader::new(rx, cancel, runtime);
-    let (sender, decoded) = decoded_channel();
-    std::thread::scope(|scope| {
-        let decoding = std::thread::Builder::new()
-            .name("rpull-decode".into())
-            .spawn_scoped(scope, || {
-                let result = decode(codec, &mut reader, sender);
-                // A stream that continues after the codec's data, or that extraction stopped
-                // reading, still has to reach the digest check whole.
-                let _ = reader.drain();
-                result
-            })
-            .map_err(WorkerError::Decompress)?;
+    let compressed = &mut reader;
+    let result = std::thread::scope(move |scope| {
+        let metered = Metered::new(compressed);
+        let consumed = metered.counter();
+        let decoder = rpull_decompress::decoder(codec, metered).map_err(|e| match e {
+            rpull_decompress::DecompressError::Read(e) => WorkerError::Decompress(e),
+            other => WorkerError::Decompress(io::Error::other(other)),
+        })?;
+        let codec = decoder.codec();
+        let mut decoding = LayerDecoding::new(scope, decoder, consumed);
 
-        let mut tar = CountingReader::new(decoded, writeback);
+        let mut tar = CountingReader::new(&mut decoding, writeback);
         let extracted = extract_layer(&mut tar, target, options).map(|summary| {
             // End-of-archive padding and anything after it: the decoder must reach its end
             // (and check the gzip CRC) before the layer counts as extracted.
@@ -676,36 +678,23 @@ fn extract_worker(
             (summary, rest)
         });
         let uncompressed_bytes = tar.count();
-        drop(tar);
-        let decoded = decoding
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let decode_thread = decoding.on_own_thread();
         // The decoder's own error explains an extraction that ran out of bytes.
-        let codec = decoded?;
+        decoding.finish().map_err(WorkerError::Decompress)?;
         let (summary, rest) = extracted.map_err(WorkerError::Extract)?;
         rest.map_err(WorkerError::Decompress)?;
         Ok(Extracted {
             summary,
             uncompressed_bytes,
             codec,
+            decode_thread,
             seconds: started.elapsed().as_secs_f64(),
         })
-    })
-}
-
-/// The decode thread's work: sniff the codec, then decode everything into `sender`.
-fn decode(
-    codec: Codec,
-    reader: &mut ChannelReader,
-    sender: DecodedSender,
-) -> Result<Codec, WorkerError> {
-    let mut decoder = rpull_decompress::decoder(codec, reader).map_err(|e| match e {
-        rpull_decompress::DecompressError::Read(e) => WorkerError::Decompress(e),
-        other => WorkerError::Decompress(io::Error::other(other)),
-    })?;
-    let actual = decoder.codec();
-    sender.pump(&mut decoder).map_err(WorkerError::Decompress)?;
-    Ok(actual)
+    });
+    // A stream that continues after the codec's data, or that extraction stopped reading, still
+    // has to reach the digest check whole.
+    let _ = reader.drain();
+    result
 }
 
 /// The pull's threads (extraction, merge, finalize). Dropping it cancels them and waits for
