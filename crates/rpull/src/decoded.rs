@@ -1,6 +1,7 @@
-//! Decompression on its own thread: the layer's decoder runs ahead of its tar extraction, so
-//! the two overlap instead of taking turns on one thread. Decoded bytes travel in recycled
-//! buffers over a bounded channel (memory per layer: `DEPTH` x `CHUNK`).
+//! Decompression on its own thread, for a layer that inflates ([`crate::decoding`] decides):
+//! the layer's decoder runs ahead of its tar extraction, so the two overlap instead of taking
+//! turns on one thread. Decoded bytes travel in recycled buffers over a bounded channel (memory
+//! per layer: `DEPTH` x `CHUNK`).
 
 use std::io::{self, BufRead, Read};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TryRecvError, channel, sync_channel};
