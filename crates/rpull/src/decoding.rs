@@ -23,7 +23,7 @@ const WINDOW: u64 = 8 << 20;
 
 /// A window stays on the extraction thread while its compressed bytes are at least this many
 /// tenths of its decoded ones. Stored and incompressible blocks come to 9.99-10; an inflate
-/// that does work (the layers of the realistic image: 2.5-4) to less.
+/// that does work (the realistic image's three big layers: 2.4-4.4) to less.
 const INLINE_TENTHS: u64 = 9;
 
 /// Whether a window of `compressed` bytes that decoded to `decoded` is cheap enough to decode
