@@ -5,7 +5,7 @@
 //! is cheaper done where its bytes are written than handed between two threads
 //! (docs/performance.md, "What changed").
 
-use std::io::{self, BufRead, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::{Scope, ScopedJoinHandle};
@@ -92,10 +92,8 @@ enum Source<'scope> {
 }
 
 struct Inline<'scope> {
-    decoder: Decoder<'scope>,
-    buffer: Box<[u8]>,
-    position: usize,
-    filled: usize,
+    /// One `read` of the decoder per empty buffer.
+    decoder: BufReader<Decoder<'scope>>,
     decoded: u64,
     /// Decoded and compressed bytes where the current window began.
     window: (u64, u64),
@@ -113,10 +111,7 @@ impl<'scope, 'env> LayerDecoding<'scope, 'env> {
         LayerDecoding {
             scope,
             source: Source::Inline(Inline {
-                decoder,
-                buffer: vec![0; CHUNK].into_boxed_slice(),
-                position: 0,
-                filled: 0,
+                decoder: BufReader::with_capacity(CHUNK, decoder),
                 decoded: 0,
                 window,
             }),
@@ -158,7 +153,7 @@ impl<'scope, 'env> LayerDecoding<'scope, 'env> {
         let Source::Inline(inline) = &mut self.source else {
             return;
         };
-        if inline.position < inline.filled || inline.decoded - inline.window.0 < WINDOW {
+        if !inline.decoder.buffer().is_empty() || inline.decoded - inline.window.0 < WINDOW {
             return;
         }
         let consumed = self.consumed.load(Ordering::Relaxed);
@@ -177,7 +172,8 @@ impl<'scope, 'env> LayerDecoding<'scope, 'env> {
             "the layer inflates: decoding moves to a thread of its own"
         );
         let (sender, reader) = decoded_channel();
-        let mut decoder = inline.decoder;
+        // Its buffer is empty: the decoder carries on from the next byte the extraction wants.
+        let mut decoder = inline.decoder.into_inner();
         let spawned = std::thread::Builder::new()
             .name("rpull-decode".into())
             .spawn_scoped(self.scope, move || sender.pump(&mut decoder));
@@ -199,28 +195,25 @@ impl BufRead for LayerDecoding<'_, '_> {
     fn fill_buf(&mut self) -> io::Result<&[u8]> {
         self.look_at_window();
         if let Source::Inline(inline) = &mut self.source
-            && inline.position == inline.filled
+            && inline.decoder.buffer().is_empty()
         {
-            let read = loop {
-                match inline.decoder.read(&mut inline.buffer) {
+            loop {
+                match inline.decoder.fill_buf() {
+                    Ok(refilled) => {
+                        inline.decoded += refilled.len() as u64;
+                        break;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    other => break other,
-                }
-            };
-            match read {
-                Ok(n) => {
-                    inline.position = 0;
-                    inline.filled = n;
-                    inline.decoded += n as u64;
-                }
-                Err(error) => {
-                    self.failed = Some(error);
-                    self.source = Source::Gone;
+                    Err(error) => {
+                        self.failed = Some(error);
+                        self.source = Source::Gone;
+                        break;
+                    }
                 }
             }
         }
         match &mut self.source {
-            Source::Inline(inline) => Ok(&inline.buffer[inline.position..inline.filled]),
+            Source::Inline(inline) => Ok(inline.decoder.buffer()),
             Source::Thread { reader, .. } => reader.fill_buf(),
             Source::Gone => Ok(&[]),
         }
@@ -228,9 +221,7 @@ impl BufRead for LayerDecoding<'_, '_> {
 
     fn consume(&mut self, amount: usize) {
         match &mut self.source {
-            Source::Inline(inline) => {
-                inline.position = (inline.position + amount).min(inline.filled);
-            }
+            Source::Inline(inline) => inline.decoder.consume(amount),
             Source::Thread { reader, .. } => reader.consume(amount),
             Source::Gone => {}
         }
