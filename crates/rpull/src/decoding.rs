@@ -393,7 +393,15 @@ mod tests {
             let decoded = decode(&layer);
             assert_eq!(decoded.on_own_thread, on_own_thread);
             let error = decoded.finished.expect_err("a damaged stream fails");
-            assert!(!error.to_string().is_empty());
+            // The decoder's own error (ISA-L says InvalidData, zlib-rs InvalidInput for a bad
+            // block), not what the reader made of a stream cut short.
+            assert!(
+                matches!(
+                    error.kind(),
+                    io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput
+                ),
+                "{error}"
+            );
         }
     }
 }
