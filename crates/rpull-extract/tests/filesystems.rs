@@ -3,13 +3,14 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{Layer, is_root, snapshot};
 use rpull_extract::{
-    CreateGate, ExtractOptions, IoBackendKind, extract_layer, finalize_tree,
-    parallel_creation_scales, preallocation_helps,
+    CreateGate, ExtractOptions, IoBackendKind, extract_layer, finalize_tree, mark_top_directory,
+    parallel_creation_scales, preallocation_helps, recent_deletes_slow_creation,
 };
 
 /// An ext4 file system made in a file under a temporary directory and mounted on another; it is
@@ -22,6 +23,16 @@ struct LoopExt4 {
 impl LoopExt4 {
     /// `Err` names why it could not be made, for the skip message.
     fn new(journal: bool) -> Result<Self, String> {
+        let features = if journal {
+            "has_journal"
+        } else {
+            "^has_journal"
+        };
+        Self::with_options(&["-O", features])
+    }
+
+    /// One made by `mkfs.ext4 -q -F OPTIONS`.
+    fn with_options(options: &[&str]) -> Result<Self, String> {
         // On the disk, not in /tmp: the image must not live on the file system it stands for.
         let dir = tempfile::Builder::new()
             .prefix("rpull-fs-test")
@@ -31,13 +42,9 @@ impl LoopExt4 {
         std::fs::File::create(&image)
             .and_then(|file| file.set_len(64 << 20))
             .map_err(|e| e.to_string())?;
-        let features = if journal {
-            "has_journal"
-        } else {
-            "^has_journal"
-        };
         run(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-O", features])
+            .args(["-q", "-F"])
+            .args(options)
             .arg(&image))?;
         let mount_point = dir.path().join("mnt");
         std::fs::create_dir(&mount_point).map_err(|e| e.to_string())?;
@@ -111,8 +118,14 @@ fn ext4_with_a_journal_gets_write_threads_and_no_gate_and_without_one_neither() 
     );
     assert_eq!(CreateGate::for_target(&journaled.mount_point), None);
 
+    assert_eq!(
+        recent_deletes_slow_creation(&journaled.mount_point),
+        Some(false)
+    );
+
     assert!(!jbd2_journal(&plain.mount_point));
     assert_eq!(parallel_creation_scales(&plain.mount_point), Some(false));
+    assert_eq!(recent_deletes_slow_creation(&plain.mount_point), Some(true));
     assert_eq!(auto.write_threads_for(&plain.mount_point), 1);
     assert!(CreateGate::for_target(&plain.mount_point).is_some());
 
@@ -137,6 +150,69 @@ fn ext4_with_a_journal_gets_write_threads_and_no_gate_and_without_one_neither() 
         trees.push(snapshot(&root));
     }
     assert_eq!(trees[0], trees[1]);
+}
+
+#[test]
+fn subdirectories_of_a_top_directory_start_in_block_groups_of_their_own() {
+    if !is_root() {
+        eprintln!("skipped: mounting a loop ext4 needs root");
+        return;
+    }
+    // 64 block groups of 1 MiB (256 inodes each), not gathered into flex groups, so that where
+    // a directory's inode is tells its group apart.
+    let fs = match LoopExt4::with_options(&[
+        "-O",
+        "^has_journal,^flex_bg",
+        "-b",
+        "1024",
+        "-g",
+        "1024",
+        "-N",
+        "16384",
+    ]) {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: cannot make a loop ext4: {why}");
+            return;
+        }
+    };
+    let inodes_per_group = 16384 / 64;
+    let group = |path: &Path| (std::fs::metadata(path).unwrap().ino() - 1) / inodes_per_group;
+    let groups_of_subdirectories = |parent: &Path| {
+        let mut groups: Vec<u64> = (0..8)
+            .map(|i| {
+                let dir = parent.join(format!("tree-{i}"));
+                std::fs::create_dir(&dir).unwrap();
+                group(&dir)
+            })
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        groups
+    };
+    // Below the root, as a staging directory is: plain, then marked.
+    let plain = fs.mount_point.join("a/plain");
+    let marked = fs.mount_point.join("a/marked");
+    std::fs::create_dir_all(&plain).unwrap();
+    std::fs::create_dir_all(&marked).unwrap();
+    mark_top_directory(&marked).unwrap();
+    assert!(is_top_directory(&marked));
+    assert!(!is_top_directory(&plain));
+    // A plain directory's subdirectories stay in its group; a marked one's are spread.
+    assert_eq!(groups_of_subdirectories(&plain), vec![group(&plain)]);
+    let spread = groups_of_subdirectories(&marked);
+    assert!(spread.len() >= 4, "groups {spread:?}");
+    // The mark is not inherited: a tree renamed out of the staging directory carries none.
+    assert!(!is_top_directory(&marked.join("tree-0")));
+}
+
+/// Whether the directory at `path` carries `FS_TOPDIR_FL` (`lsattr -d` shows `T`).
+fn is_top_directory(path: &Path) -> bool {
+    use rustix::fs::{IFlags, Mode, OFlags};
+    let dir = rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    rustix::fs::ioctl_getflags(dir)
+        .unwrap()
+        .contains(IFlags::TOPDIR)
 }
 
 /// `FIEMAP_EXTENT_DELALLOC`: the extent's blocks are not allocated yet (delayed allocation).

@@ -134,8 +134,7 @@ pub(crate) fn extract_runs(
     let mut tar = reference.map(|reference| TarRuns::new(reference, layers, target));
     for run in runs {
         let dir = target.base.join(format!("run-{run}"));
-        let root = dir.join("rootfs");
-        let staging = dir.join("layers");
+        let (root, staging) = new_tree_dirs(&dir)?;
         for path in [&root, &staging] {
             fs_err::create_dir_all(path).map_err(|e| BenchError::io("creating", path, e))?;
         }
@@ -265,6 +264,27 @@ impl TarRuns {
             None => stage_result(&self.stage, self.description, self.samples, self.notes),
         }
     }
+}
+
+/// Creates `dir` and names the root and the layers' directory in it as a pull's staging directory
+/// does (`rootfs-ID`, `layers-ID`), marking `dir` a top directory where ext4 would otherwise
+/// start the new tree among the inodes of the one deleted just before
+/// ([`rpull_extract::recent_deletes_slow_creation`]). The two are created by the caller.
+fn new_tree_dirs(dir: &Path) -> Result<(PathBuf, PathBuf), BenchError> {
+    fs_err::create_dir_all(dir).map_err(|e| BenchError::io("creating", dir, e))?;
+    if rpull_extract::recent_deletes_slow_creation(dir) == Some(true) {
+        // As a pull: a directory that cannot be marked is used as it is.
+        let _ = rpull_extract::mark_top_directory(dir);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let id = format!("{}-{nanos}", std::process::id());
+    Ok((
+        dir.join(format!("rootfs-{id}")),
+        dir.join(format!("layers-{id}")),
+    ))
 }
 
 /// Applies the layers like `rpull::Puller` does, without the network and the decoder.
