@@ -58,15 +58,17 @@ pub fn preallocation_helps(path: &Path) -> Option<bool> {
 
 /// Whether a new tree made in `path`'s file system right after a large delete should be placed
 /// away from the inodes just freed: on ext4 without a journal, which skips inodes deleted in the
-/// last minutes when it allocates one (`recently_deleted`), so that a tree made where another was
-/// just deleted scans past all of them for each new inode. `false` on every other file system and
-/// on ext4 whose journal cannot be told; `None` when `path` cannot be inspected.
+/// last minute (six while their inode table block is not written back) when it allocates one
+/// (`recently_deleted`), so that a tree made where another was just deleted scans past all of
+/// them for each new inode. `false` on every other file system and on ext4 whose journal cannot
+/// be told; `None` when `path` cannot be inspected.
 ///
 /// The pull marks its staging directory with [`mark_top_directory`] where this is true.
-/// Measured (docs/performance.md, on this project's 2-core VMs, whose root ext4 has no journal):
-/// the realistic image's pull right after the delete of its previous tree took 6.3-6.9 s (5.2-5.7
-/// s of system time) into a plain directory and 3.0-3.8 s (1.7-2.3) into one marked so, as fast
-/// as into a file system without recent deletes (3.1-3.4 s).
+/// Measured (docs/performance.md, "What changed", on this project's 2-core VMs, whose root ext4
+/// has no journal): the realistic image's pull right after the delete of its previous tree took
+/// 6.49-6.85 s (5.3-5.6 s of system time) before and 3.16-3.41 s (1.8-1.9) with the staging
+/// directory marked, about what it took into new directories with no tree deleted before them
+/// (3.11-3.35 s).
 pub fn recent_deletes_slow_creation(path: &Path) -> Option<bool> {
     Some(match statfs_magic(path)? {
         EXT4_SUPER_MAGIC => ext4_has_journal(path) == Some(false),
