@@ -63,7 +63,7 @@ pub fn preallocation_helps(path: &Path) -> Option<bool> {
 /// them for each new inode. `false` on every other file system and on ext4 whose journal cannot
 /// be told; `None` when `path` cannot be inspected.
 ///
-/// The pull marks its staging directory with [`mark_top_directory`] where this is true.
+/// The pull marks its staging directory where this is true ([`spread_new_trees`]).
 /// Measured (docs/performance.md, "What changed", on this project's 2-core VMs, whose root ext4
 /// has no journal): the realistic image's pull right after the delete of its previous tree took
 /// 6.49-6.85 s (5.3-5.6 s of system time) before and 3.16-3.41 s (1.8-1.9) with the staging
@@ -76,18 +76,25 @@ pub fn recent_deletes_slow_creation(path: &Path) -> Option<bool> {
     })
 }
 
-/// Marks the directory `dir` as the top of directory hierarchies (`FS_TOPDIR_FL`, `chattr +T`).
+/// Where [`recent_deletes_slow_creation`] says so, marks the directory `dir` as the top of
+/// directory hierarchies (`FS_TOPDIR_FL`, `chattr +T`); `Ok(true)` when it did, `Ok(false)` where
+/// nothing is to be done. A pull's staging directory and the bench's extract stage call it on the
+/// directory that will hold their new trees.
+///
 /// ext4's Orlov allocator then places each new subdirectory of `dir` as it places those of the
 /// file system's root: in the block group with the fewest directories among those with at least
 /// the average free inodes and blocks, searched from a group chosen by a hash of the
 /// subdirectory's name, instead of next to `dir`. Subdirectories with new names therefore start
 /// their trees in groups of their own, not in the groups of a tree deleted just before (which
 /// are often where a plain subdirectory would go, next to their common parent). Everything under
-/// such a subdirectory is placed next to it, as usual.
+/// such a subdirectory is placed next to it, as usual. The flag is not inherited.
 ///
-/// Fails where the file system has no such flag (`ENOTTY`, `EOPNOTSUPP`) or refuses it.
-pub fn mark_top_directory(dir: &Path) -> std::io::Result<()> {
+/// Fails where the file system refuses the flag; the directory can still be used as it is.
+pub fn spread_new_trees(dir: &Path) -> std::io::Result<bool> {
     use rustix::fs::{IFlags, Mode, OFlags};
+    if recent_deletes_slow_creation(dir) != Some(true) {
+        return Ok(false);
+    }
     let fd = rustix::fs::open(
         dir,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
@@ -95,7 +102,7 @@ pub fn mark_top_directory(dir: &Path) -> std::io::Result<()> {
     )?;
     let flags = rustix::fs::ioctl_getflags(&fd)?;
     rustix::fs::ioctl_setflags(&fd, flags | IFlags::TOPDIR)?;
-    Ok(())
+    Ok(true)
 }
 
 fn statfs_magic(path: &Path) -> Option<u64> {

@@ -25,8 +25,8 @@ pub use backend::{FileMetadata, IoBackend, NewFile, StdBackend, TAR_READ_BUFFER}
 pub use error::ExtractError;
 pub use extract::extract_layer;
 pub use filesystem::{
-    filesystem_type, in_memory_filesystem, mark_top_directory, parallel_creation_scales,
-    preallocation_helps, recent_deletes_slow_creation,
+    filesystem_type, in_memory_filesystem, parallel_creation_scales, preallocation_helps,
+    recent_deletes_slow_creation, spread_new_trees,
 };
 pub use finalize::finalize_tree;
 pub use merge::merge_layer;

@@ -9,8 +9,8 @@ use std::process::Command;
 
 use common::{Layer, is_root, snapshot};
 use rpull_extract::{
-    CreateGate, ExtractOptions, IoBackendKind, extract_layer, finalize_tree, mark_top_directory,
-    parallel_creation_scales, preallocation_helps, recent_deletes_slow_creation,
+    CreateGate, ExtractOptions, IoBackendKind, extract_layer, finalize_tree,
+    parallel_creation_scales, preallocation_helps, recent_deletes_slow_creation, spread_new_trees,
 };
 
 /// An ext4 file system made in a file under a temporary directory and mounted on another; it is
@@ -122,6 +122,8 @@ fn ext4_with_a_journal_gets_write_threads_and_no_gate_and_without_one_neither() 
         recent_deletes_slow_creation(&journaled.mount_point),
         Some(false)
     );
+    assert!(!spread_new_trees(&journaled.mount_point).unwrap());
+    assert!(!is_top_directory(&journaled.mount_point));
 
     assert!(!jbd2_journal(&plain.mount_point));
     assert_eq!(parallel_creation_scales(&plain.mount_point), Some(false));
@@ -195,7 +197,7 @@ fn subdirectories_of_a_top_directory_start_in_block_groups_of_their_own() {
     let marked = fs.mount_point.join("a/marked");
     std::fs::create_dir_all(&plain).unwrap();
     std::fs::create_dir_all(&marked).unwrap();
-    mark_top_directory(&marked).unwrap();
+    assert!(spread_new_trees(&marked).unwrap());
     assert!(is_top_directory(&marked));
     assert!(!is_top_directory(&plain));
     // A plain directory's subdirectories stay in its group; a marked one's are spread.

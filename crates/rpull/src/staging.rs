@@ -34,7 +34,7 @@ impl Staging {
     /// dead) left for the same destination.
     ///
     /// On ext4 without a journal the staging directory is marked as the top of directory
-    /// hierarchies ([`rpull_extract::mark_top_directory`]), so that its two subdirectories, whose
+    /// hierarchies ([`rpull_extract::spread_new_trees`]), so that its two subdirectories, whose
     /// names differ from pull to pull, are placed in block groups chosen afresh rather than next
     /// to the parent, where a tree deleted just before (`rm -rf` of the previous pull, or
     /// `--force`) leaves inodes that ext4 scans past on every allocation
@@ -50,14 +50,13 @@ impl Staging {
         let id = format!("{}-{nanos}", std::process::id());
         let dir = parent.join(format!(".{name}{MARKER}{id}"));
         fs::create_dir(&dir).map_err(io_err("creating staging directory", &dir))?;
-        if rpull_extract::recent_deletes_slow_creation(&dir) == Some(true) {
-            match rpull_extract::mark_top_directory(&dir) {
-                Ok(()) => {
-                    debug!(path = %dir.display(), "staging directory marked as a top directory (ext4 without a journal)")
-                }
-                Err(error) => {
-                    debug!(path = %dir.display(), %error, "could not mark the staging directory as a top directory")
-                }
+        match rpull_extract::spread_new_trees(&dir) {
+            Ok(false) => {}
+            Ok(true) => {
+                debug!(path = %dir.display(), "staging directory marked as a top directory (ext4 without a journal)")
+            }
+            Err(error) => {
+                debug!(path = %dir.display(), %error, "could not mark the staging directory as a top directory")
             }
         }
         let staging = Staging {

@@ -134,7 +134,7 @@ pub(crate) fn extract_runs(
     let mut tar = reference.map(|reference| TarRuns::new(reference, layers, target));
     for run in runs {
         let dir = target.base.join(format!("run-{run}"));
-        let (root, staging) = new_tree_dirs(&dir)?;
+        let (root, staging) = new_tree_dirs(&dir, run)?;
         for path in [&root, &staging] {
             fs_err::create_dir_all(path).map_err(|e| BenchError::io("creating", path, e))?;
         }
@@ -266,21 +266,15 @@ impl TarRuns {
     }
 }
 
-/// Creates `dir` and names the root and the layers' directory in it as a pull's staging directory
-/// does (`rootfs-ID`, `layers-ID`), marking `dir` a top directory where ext4 would otherwise
-/// start the new tree among the inodes of the one deleted just before
-/// ([`rpull_extract::recent_deletes_slow_creation`]). The two are created by the caller.
-fn new_tree_dirs(dir: &Path) -> Result<(PathBuf, PathBuf), BenchError> {
+/// Creates `dir` and names the root and the layers' directory in it apart from those of other
+/// runs and reports (`rootfs-PID-RUN`, `layers-PID-RUN`), in a directory marked as a pull marks
+/// its staging directory ([`rpull_extract::spread_new_trees`]), so that ext4 does not start the
+/// new tree among the inodes of the one deleted just before. The two are created by the caller.
+fn new_tree_dirs(dir: &Path, run: usize) -> Result<(PathBuf, PathBuf), BenchError> {
     fs_err::create_dir_all(dir).map_err(|e| BenchError::io("creating", dir, e))?;
-    if rpull_extract::recent_deletes_slow_creation(dir) == Some(true) {
-        // As a pull: a directory that cannot be marked is used as it is.
-        let _ = rpull_extract::mark_top_directory(dir);
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    let id = format!("{}-{nanos}", std::process::id());
+    // As a pull: a directory that cannot be marked is used as it is.
+    let _ = rpull_extract::spread_new_trees(dir);
+    let id = format!("{}-{run}", std::process::id());
     Ok((
         dir.join(format!("rootfs-{id}")),
         dir.join(format!("layers-{id}")),
