@@ -470,11 +470,12 @@ struct Filled<'a> {
     last: bool,
 }
 
-/// Writes `data` to its end into the new file `fd` with `O_DIRECT`: copied into one of `buffers`
-/// (whose addresses and lengths are multiples of [`DIRECT_ALIGN`], both the same length) while a
-/// second thread writes the other, one write per buffer, straight to the device, without filling
-/// the page cache or leaving anything for write-back. The copy and the device's write overlap:
-/// the file takes about as long as the device needs. What is left after the last whole block
+/// Writes `data` to its end into the new file `fd` with `O_DIRECT`: read into one of `buffers`
+/// (whose addresses and lengths are multiples of [`DIRECT_ALIGN`], both the same length; a source
+/// that can decodes straight into it, [`copy_into`]) while a second thread writes the other, one
+/// write per buffer, straight to the device, without filling the page cache or leaving anything
+/// for write-back. The read and the device's write overlap: the file takes about as long as the
+/// device needs. What is left after the last whole block
 /// (the tail) is written through the page cache, with `O_DIRECT` cleared. Where the file system
 /// refuses `O_DIRECT`, on `fcntl` or on a write (`EINVAL`), the rest is written through the page
 /// cache. Returns the bytes written; failing to read `data` is [`ExtractError::Tar`] naming
@@ -613,29 +614,17 @@ fn clear_direct(fd: BorrowedFd<'_>, flags: OFlags) -> Result<(), (&'static str, 
     rustix::fs::fcntl_setfl(fd, flags).map_err(|errno| ("clearing O_DIRECT on", errno))
 }
 
-/// Copies from `data` into `buffer` until it is full or the data ends; returns the bytes copied.
-/// Failing to read `data` is [`ExtractError::Tar`] naming `entry`.
+/// Reads `data` into `buffer` until it is full or the data ends; returns the bytes read. Through
+/// `read`, not `fill_buf`: a source that can decode or read straight into a buffer this large
+/// does ([`std::io::BufReader`] past its own buffer, the pipeline's inline decoder), instead of
+/// being copied out of its own buffer here. Failing to read `data` is [`ExtractError::Tar`]
+/// naming `entry`.
 fn copy_into(
     buffer: &mut [u8],
     data: &mut dyn BufRead,
     entry: &[u8],
 ) -> Result<usize, ExtractError> {
-    let mut filled = 0;
-    while filled < buffer.len() {
-        let chunk = match data.fill_buf() {
-            Ok(chunk) => chunk,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(source) => return Err(data_error(entry, source)),
-        };
-        if chunk.is_empty() {
-            break;
-        }
-        let count = chunk.len().min(buffer.len() - filled);
-        buffer[filled..filled + count].copy_from_slice(&chunk[..count]);
-        data.consume(count);
-        filled += count;
-    }
-    Ok(filled)
+    fill(buffer, data).map_err(|source| data_error(entry, source))
 }
 
 /// Failing to read the data of `entry`: [`ExtractError::Tar`] naming it.
@@ -836,7 +825,7 @@ mod tests {
 
     #[test]
     fn the_next_buffer_is_filled_while_the_last_is_written() {
-        /// Tells `passed` once its reads go past `at` bytes.
+        /// Tells `passed` once it is asked for the byte at `at` or a later one.
         struct Watch<'a> {
             data: &'a [u8],
             read: usize,
@@ -845,7 +834,7 @@ mod tests {
         }
         impl Read for Watch<'_> {
             fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-                if self.read > self.at
+                if self.read >= self.at
                     && let Some(passed) = self.passed.take()
                 {
                     passed.send(()).unwrap();

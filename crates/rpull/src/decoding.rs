@@ -147,6 +147,13 @@ impl<'scope, 'env> LayerDecoding<'scope, 'env> {
         }
     }
 
+    /// Ends the stream after the decoder on the extraction thread failed; [`finish`](Self::finish)
+    /// returns `error`.
+    fn stop(&mut self, error: io::Error) {
+        self.failed = Some(error);
+        self.source = Source::Gone;
+    }
+
     /// At the end of a window of the inline decoder's output (its buffer consumed): moves the
     /// decoder to a thread of its own if the window was compressed.
     fn look_at_window(&mut self) {
@@ -184,8 +191,31 @@ impl<'scope, 'env> LayerDecoding<'scope, 'env> {
     }
 }
 
+/// A read of at least [`CHUNK`] bytes with the inline decoder's buffer empty (a big file's data
+/// read into the buffer of an `O_DIRECT` write) is decoded straight into `out`, past that buffer:
+/// the decoder's output is then copied once, not twice. Every other read is served from the
+/// buffer.
 impl Read for LayerDecoding<'_, '_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        self.look_at_window();
+        if let Source::Inline(inline) = &mut self.source
+            && inline.decoder.buffer().is_empty()
+            && out.len() >= inline.decoder.capacity()
+        {
+            // BufReader reads into `out` directly when its buffer is empty and `out` is at least
+            // its capacity.
+            return match inline.decoder.read(out) {
+                Ok(read) => {
+                    inline.decoded += read as u64;
+                    Ok(read)
+                }
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => Err(error),
+                Err(error) => {
+                    self.stop(error);
+                    Ok(0)
+                }
+            };
+        }
         read_through_buffer(self, out)
     }
 }
@@ -205,8 +235,7 @@ impl BufRead for LayerDecoding<'_, '_> {
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(error) => {
-                        self.failed = Some(error);
-                        self.source = Source::Gone;
+                        self.stop(error);
                         break;
                     }
                 }
@@ -292,30 +321,81 @@ mod tests {
         bytes: Vec<u8>,
         on_own_thread: bool,
         finished: io::Result<()>,
+        /// The most bytes one `read` returned.
+        largest_read: usize,
     }
 
-    /// Decodes `layer` through a [`LayerDecoding`], reading it as the extractor does (lent
-    /// buffers, consumed in pieces), from 64 KiB pieces of input as the download hands them on.
+    /// How a test reads a [`LayerDecoding`], as the extractor does.
+    #[derive(Clone, Copy, Debug)]
+    enum Reads {
+        /// Lent buffers, consumed in pieces (tar headers, buffered writes).
+        Lent,
+        /// `read`s into a buffer of this many bytes until it is full (a big file's `O_DIRECT`
+        /// writes).
+        Into(usize),
+        /// A lent piece of 700 bytes, then `read`s into a buffer of this many until it is full,
+        /// in turn: the first such read finds the inline decoder's buffer partly consumed.
+        Mixed(usize),
+    }
+
+    /// Decodes `layer` through a [`LayerDecoding`] read as `reads` says, from 64 KiB pieces of
+    /// input as the download hands them on.
     fn decode(layer: &[u8]) -> Decoded {
+        decode_with(layer, 64 << 10, Reads::Lent)
+    }
+
+    /// Decodes `layer` from pieces of `piece` bytes of input, read as `reads` says.
+    fn decode_with(layer: &[u8], piece: usize, reads: Reads) -> Decoded {
         std::thread::scope(|scope| {
-            let metered = Metered::new(BufReader::with_capacity(64 << 10, layer));
+            let metered = Metered::new(BufReader::with_capacity(piece, layer));
             let counter = metered.counter();
             let decoder = rpull_decompress::decoder(Codec::Gzip, metered).unwrap();
             let mut decoding = LayerDecoding::new(scope, decoder, counter);
             let mut bytes = Vec::new();
+            let mut largest_read = 0;
+            let mut lend_next = true;
             loop {
-                let available = decoding.fill_buf().unwrap();
-                if available.is_empty() {
+                let into = match reads {
+                    Reads::Lent => None,
+                    Reads::Into(len) => Some(len),
+                    Reads::Mixed(len) => (!lend_next).then_some(len),
+                };
+                lend_next = !lend_next;
+                let Some(len) = into else {
+                    let available = decoding.fill_buf().unwrap();
+                    if available.is_empty() {
+                        break;
+                    }
+                    let take = available.len().min(match reads {
+                        Reads::Mixed(_) => 700,
+                        _ => 100_000,
+                    });
+                    bytes.extend_from_slice(&available[..take]);
+                    decoding.consume(take);
+                    continue;
+                };
+                // Until the buffer is full or the stream ends, as `O_DIRECT` writes fill theirs.
+                let start = bytes.len();
+                bytes.resize(start + len, 0);
+                let mut filled = 0;
+                while filled < len {
+                    let read = decoding.read(&mut bytes[start + filled..]).unwrap();
+                    largest_read = largest_read.max(read);
+                    if read == 0 {
+                        break;
+                    }
+                    filled += read;
+                }
+                bytes.truncate(start + filled);
+                if filled < len {
                     break;
                 }
-                let take = available.len().min(100_000);
-                bytes.extend_from_slice(&available[..take]);
-                decoding.consume(take);
             }
             Decoded {
                 bytes,
                 on_own_thread: decoding.on_own_thread(),
                 finished: decoding.finish(),
+                largest_read,
             }
         })
     }
@@ -401,6 +481,65 @@ mod tests {
                     io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput
                 ),
                 "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_big_read_decodes_past_the_inline_buffer_into_the_callers() {
+        let data = random(3 * WINDOW as usize, 11);
+        let big = 4 << 20;
+        for (name, layer) in [
+            ("stored blocks", gzip(&data, 0)),
+            ("plain tar", data.clone()),
+        ] {
+            for reads in [Reads::Into(big), Reads::Mixed(big)] {
+                let decoded = decode_with(&layer, big, reads);
+                decoded.finished.unwrap();
+                assert!(decoded.bytes == data, "{name}, {reads:?}: bytes differ");
+                assert!(!decoded.on_own_thread, "{name}, {reads:?}: moved");
+                // Through the inline decoder's buffer, a read gets at most what it holds.
+                assert!(
+                    decoded.largest_read > CHUNK,
+                    "{name}, {reads:?}: at most {} bytes a read",
+                    decoded.largest_read
+                );
+            }
+        }
+        // Reads smaller than the inline buffer are served from it, and lose nothing.
+        let decoded = decode_with(&gzip(&data, 0), big, Reads::Into(CHUNK - 1));
+        decoded.finished.unwrap();
+        assert!(decoded.bytes == data, "bytes differ");
+        assert!(decoded.largest_read < CHUNK);
+    }
+
+    #[test]
+    fn big_reads_of_a_layer_that_inflates_move_it_to_a_decode_thread() {
+        let mut mixed = random(2 * WINDOW as usize, 13);
+        mixed.extend(compressible(2 * WINDOW as usize));
+        for reads in [Reads::Into(4 << 20), Reads::Mixed(4 << 20)] {
+            let decoded = decode_with(&gzip(&mixed, 6), 64 << 10, reads);
+            decoded.finished.unwrap();
+            assert!(decoded.bytes == mixed, "{reads:?}: bytes differ");
+            assert!(decoded.on_own_thread, "{reads:?}: stayed inline");
+        }
+    }
+
+    #[test]
+    fn a_decoder_error_in_a_big_read_ends_the_stream_and_is_returned_by_finish() {
+        let mut stored = gzip(&random(WINDOW as usize / 2, 17), 0);
+        // The first stored block's length.
+        stored[12] ^= 0xff;
+        for reads in [Reads::Into(4 << 20), Reads::Mixed(4 << 20)] {
+            let decoded = decode_with(&stored, 4 << 20, reads);
+            assert!(!decoded.on_own_thread);
+            let error = decoded.finished.expect_err("a damaged stream fails");
+            assert!(
+                matches!(
+                    error.kind(),
+                    io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput
+                ),
+                "{reads:?}: {error}"
             );
         }
     }
