@@ -510,7 +510,6 @@ mod tests {
         let decoded = decode_with(&gzip(&data, 0), big, Reads::Into(CHUNK - 1));
         decoded.finished.unwrap();
         assert!(decoded.bytes == data, "bytes differ");
-        assert!(decoded.largest_read < CHUNK);
     }
 
     #[test]
