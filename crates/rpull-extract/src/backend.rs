@@ -441,7 +441,7 @@ const DIRECT_ALIGN: usize = 4096;
 /// 1.17 s, 1 MiB direct writes 1.135 s, 4 MiB 1.095 s.
 pub(crate) const DIRECT_WRITE: usize = 4 << 20;
 
-/// The memory [`write_direct`] copies a file's data into, aligned as `O_DIRECT` needs
+/// The memory [`write_direct`] reads a file's data into, aligned as `O_DIRECT` needs
 /// ([`DIRECT_ALIGN`]): two buffers of [`DIRECT_WRITE`] bytes, one filled while the other is
 /// written, allocated at the first use and then kept, so the host backs them once.
 #[derive(Debug, Default)]
@@ -472,11 +472,11 @@ struct Filled<'a> {
 
 /// Writes `data` to its end into the new file `fd` with `O_DIRECT`: read into one of `buffers`
 /// (whose addresses and lengths are multiples of [`DIRECT_ALIGN`], both the same length; a source
-/// that can decodes straight into it, [`copy_into`]) while a second thread writes the other, one
+/// that can decodes straight into it, [`read_into`]) while a second thread writes the other, one
 /// write per buffer, straight to the device, without filling the page cache or leaving anything
 /// for write-back. The read and the device's write overlap: the file takes about as long as the
-/// device needs. What is left after the last whole block
-/// (the tail) is written through the page cache, with `O_DIRECT` cleared. Where the file system
+/// device needs. What is left after the last whole block (the tail) is written through the page
+/// cache, with `O_DIRECT` cleared. Where the file system
 /// refuses `O_DIRECT`, on `fcntl` or on a write (`EINVAL`), the rest is written through the page
 /// cache. Returns the bytes written; failing to read `data` is [`ExtractError::Tar`] naming
 /// `entry`, failing to write it [`ExtractError::Io`].
@@ -532,7 +532,7 @@ pub(crate) fn write_direct(
             let Ok(buffer) = empty.recv() else {
                 break Ok(());
             };
-            let filled = match copy_into(buffer, data, entry) {
+            let filled = match read_into(buffer, data, entry) {
                 Ok(filled) => filled,
                 Err(error) => break Err(error),
             };
@@ -619,7 +619,7 @@ fn clear_direct(fd: BorrowedFd<'_>, flags: OFlags) -> Result<(), (&'static str, 
 /// does ([`std::io::BufReader`] past its own buffer, the pipeline's inline decoder), instead of
 /// being copied out of its own buffer here. Failing to read `data` is [`ExtractError::Tar`]
 /// naming `entry`.
-fn copy_into(
+fn read_into(
     buffer: &mut [u8],
     data: &mut dyn BufRead,
     entry: &[u8],
