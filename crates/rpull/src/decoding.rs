@@ -197,10 +197,14 @@ impl<'scope, 'env> LayerDecoding<'scope, 'env> {
 /// buffer.
 impl Read for LayerDecoding<'_, '_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        // Small reads (the tar crate's headers) go straight to the buffer, which looks at the
+        // window itself.
+        if out.len() < CHUNK {
+            return read_through_buffer(self, out);
+        }
         self.look_at_window();
         if let Source::Inline(inline) = &mut self.source
             && inline.decoder.buffer().is_empty()
-            && out.len() >= inline.decoder.capacity()
         {
             // BufReader reads into `out` directly when its buffer is empty and `out` is at least
             // its capacity.
