@@ -476,10 +476,10 @@ struct Filled<'a> {
 /// write per buffer, straight to the device, without filling the page cache or leaving anything
 /// for write-back. The read and the device's write overlap: the file takes about as long as the
 /// device needs. What is left after the last whole block (the tail) is written through the page
-/// cache, with `O_DIRECT` cleared. Where the file system
-/// refuses `O_DIRECT`, on `fcntl` or on a write (`EINVAL`), the rest is written through the page
-/// cache. Returns the bytes written; failing to read `data` is [`ExtractError::Tar`] naming
-/// `entry`, failing to write it [`ExtractError::Io`].
+/// cache, with `O_DIRECT` cleared. Where the file system refuses `O_DIRECT`, on `fcntl` or on a
+/// write (`EINVAL`), the rest is written through the page cache. Returns the bytes written;
+/// failing to read `data` is [`ExtractError::Tar`] naming `entry`, failing to write it
+/// [`ExtractError::Io`].
 ///
 /// For an extraction that is made durable afterwards: the writes wait for the device, which
 /// the final `syncfs` would have waited for anyway.
