@@ -95,9 +95,8 @@ impl CreateGate {
     }
 
     /// A new gate for extractions into `target` unless inodes made there by several threads at
-    /// once were measured to be made faster
-    /// ([`parallel_creation_scales`](crate::parallel_creation_scales): tmpfs, ramfs, ext4 with a
-    /// journal, where creating from several threads at once is what makes small files fast);
+    /// once were measured to be made faster ([`parallel_creation_scales`]: tmpfs, ramfs, ext4 with
+    /// a journal, where creating from several threads at once is what makes small files fast);
     /// `None` there or when `target` cannot be inspected.
     pub fn for_target(target: &std::path::Path) -> Option<Self> {
         (parallel_creation_scales(target) == Some(false)).then(Self::new)
@@ -152,9 +151,8 @@ impl ExtractOptions {
 
     /// The write threads for a layer extracted into `target`: `write_threads` when set, else one
     /// per core (at most 4) where inodes made by several threads at once were measured to be made
-    /// faster (tmpfs, ramfs, ext4 with a journal:
-    /// [`parallel_creation_scales`](crate::parallel_creation_scales)), and 1 elsewhere or when
-    /// `target` cannot be inspected.
+    /// faster (tmpfs, ramfs, ext4 with a journal: [`parallel_creation_scales`]), and 1 elsewhere or
+    /// when `target` cannot be inspected.
     ///
     /// Measured (docs/performance.md): on tmpfs two threads create small files at twice the rate
     /// of one, on ext4 with a journal 1.7x. On the ext4 disks of the benchmark VMs (no journal)
