@@ -153,8 +153,9 @@ pub struct PullArgs {
     pub io: IoArg,
     /// Threads per layer that create and write its small files (std backend), while the layer's
     /// tar is parsed and everything else is applied in order; 1 writes them on the extracting
-    /// thread. Default: one per core (at most 4) on tmpfs and on ext4 with a journal, 1 on other
-    /// file systems (measured: docs/performance.md).
+    /// thread (on ext4 without a journal: makes them there and writes them on one thread).
+    /// Default: one per core (at most 4) on tmpfs and on ext4 with a journal, 1 on other file
+    /// systems (measured: docs/performance.md).
     #[arg(long, value_name = "N")]
     pub write_threads: Option<usize>,
     /// When the tree is made durable: `auto` (one syncfs at the end on a disk, nothing on

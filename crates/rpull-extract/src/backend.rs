@@ -682,7 +682,9 @@ pub(crate) fn apply_file_metadata(
 
 /// The backend for `kind`; `Auto` falls back to std (with a `debug!` line saying why) when
 /// io_uring is unavailable, while an explicit `Uring` fails. Std with `write_threads > 1` into an
-/// empty `target` is a [`ParallelBackend`]. Each preallocates big files where
+/// empty `target` is a [`ParallelBackend`], and so is std with one write thread and
+/// `create_here` (which then makes the files on the extracting thread:
+/// [`ParallelBackend::creating_files_here`]). Each preallocates big files where
 /// [`preallocation_helps`](crate::preallocation_helps) on `target`'s file system, and the std
 /// ones write them with `O_DIRECT` when `direct`
 /// ([`ExtractOptions::direct_writes_into`](crate::ExtractOptions::direct_writes_into)).
@@ -691,6 +693,7 @@ pub(crate) fn new_backend(
     chown: bool,
     target: &Path,
     write_threads: usize,
+    create_here: bool,
     direct: bool,
 ) -> Result<Box<dyn IoBackend>, ExtractError> {
     let preallocate = crate::filesystem::preallocation_helps(target) == Some(true);
@@ -727,11 +730,15 @@ pub(crate) fn new_backend(
                     ),
                 ));
             }
-            if write_threads > 1 && is_empty_dir(target) {
+            let create_here = create_here && write_threads <= 1;
+            if (write_threads > 1 || create_here) && is_empty_dir(target) {
                 match ParallelBackend::new(write_threads, chown) {
                     Ok(backend) => {
                         return Ok(Box::new(
-                            backend.preallocating(preallocate).writing_direct(direct),
+                            backend
+                                .creating_files_here(create_here)
+                                .preallocating(preallocate)
+                                .writing_direct(direct),
                         ));
                     }
                     Err(error) => {

@@ -52,6 +52,7 @@ pub fn extract_layer(
         options.chown,
         target,
         options.write_threads_for(target),
+        options.creates_on_extracting_thread(target),
         options.direct_writes_into(target),
     )?;
     extract_with(tar, target, options, backend.as_mut())

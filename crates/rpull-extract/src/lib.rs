@@ -26,7 +26,7 @@ pub use error::ExtractError;
 pub use extract::extract_layer;
 pub use filesystem::{
     filesystem_type, in_memory_filesystem, parallel_creation_scales, preallocation_helps,
-    recent_deletes_slow_creation, spread_new_trees,
+    recent_deletes_slow_creation, split_creation_helps, spread_new_trees,
 };
 pub use finalize::finalize_tree;
 pub use merge::merge_layer;

@@ -55,7 +55,7 @@ pub fn merge_layer(
 ) -> Result<MergeStats, ExtractError> {
     // The merge writes no regular file (no write threads, no direct writes): the backend runs
     // its renames, links, unlinks and mkdirs.
-    let mut backend = new_backend(options.backend, options.chown, root, 1, false)?;
+    let mut backend = new_backend(options.backend, options.chown, root, 1, false, false)?;
     merge_with(root, staged, summary, backend.as_mut())
 }
 

@@ -1,4 +1,4 @@
-use crate::filesystem::parallel_creation_scales;
+use crate::filesystem::{parallel_creation_scales, split_creation_helps};
 
 /// Which [`IoBackend`](crate::IoBackend) writes regular files and runs the namespace operations
 /// (directories, symlinks, hardlinks, renames, unlinks) of extraction and merge.
@@ -50,8 +50,18 @@ pub struct ExtractOptions {
     /// ([`ParallelBackend`](crate::ParallelBackend)), while the extracting thread parses the tar
     /// and does everything else in order; `1` writes them on the extracting thread, `0` chooses
     /// ([`write_threads_for`](Self::write_threads_for)). Used for a layer extracted into an empty
-    /// directory (as the pipeline does), not by the io_uring backend.
+    /// directory (as the pipeline does), not by the io_uring backend. With one, where
+    /// [`creates_on_extracting_thread`](Self::creates_on_extracting_thread), the extracting thread
+    /// makes the files and a write thread of their own writes them.
     pub write_threads: usize,
+    /// With one write thread ([`write_threads_for`](Self::write_threads_for) is 1): `Some(true)`
+    /// makes each small regular file on the extracting thread, in tar order, and leaves its data,
+    /// metadata and close to a write thread
+    /// ([`ParallelBackend::creating_files_here`](crate::ParallelBackend::creating_files_here));
+    /// `Some(false)` writes it all on the extracting thread; `None` chooses per destination
+    /// ([`split_creation_helps`](crate::split_creation_helps): ext4 without a journal). Like
+    /// write threads, used for a layer extracted into an empty directory with the std backend.
+    pub create_on_extracting_thread: Option<bool>,
     /// Extractions given clones of one gate make their inodes one at a time: the `openat` that
     /// creates a regular file, `mkdirat` and `symlinkat` hold it, on the extracting thread and on
     /// its write threads alike. `None`: no gate. The pipeline shares one gate between the layers
@@ -136,7 +146,8 @@ impl Eq for CreateGate {}
 
 impl ExtractOptions {
     /// `chown` and `special_files` only when running as root (effective uid 0), the std backend,
-    /// write threads chosen per destination (`0`), no gate, no direct writes.
+    /// write threads and where files are made chosen per destination (`0`, `None`), no gate, no
+    /// direct writes.
     pub fn for_current_user() -> Self {
         let root = rustix::process::geteuid().is_root();
         Self {
@@ -144,6 +155,7 @@ impl ExtractOptions {
             special_files: root,
             backend: IoBackendKind::Std,
             write_threads: 0,
+            create_on_extracting_thread: None,
             create_gate: None,
             direct_writes: false,
         }
@@ -167,6 +179,18 @@ impl ExtractOptions {
             Some(true) => Self::default_write_threads(),
             _ => 1,
         }
+    }
+
+    /// Whether the small files of a layer extracted into `target` are made on the extracting
+    /// thread and written by one write thread: only with one write thread
+    /// ([`write_threads_for`](Self::write_threads_for)), and then as
+    /// [`create_on_extracting_thread`](Self::create_on_extracting_thread) says, or where
+    /// [`split_creation_helps`](crate::split_creation_helps) when it is `None`.
+    pub fn creates_on_extracting_thread(&self, target: &std::path::Path) -> bool {
+        self.write_threads_for(target) == 1
+            && self
+                .create_on_extracting_thread
+                .unwrap_or_else(|| split_creation_helps(target) == Some(true))
     }
 
     /// Whether files of 8 MiB and more extracted into `target` are written with `O_DIRECT`:
@@ -212,6 +236,22 @@ mod tests {
         }
         // A destination that cannot be inspected gets one thread.
         assert_eq!(auto.write_threads_for(Path::new("/no/such/dir")), 1);
+        // Files made on the extracting thread: chosen per file system (ext4 without a journal:
+        // tests/filesystems.rs), and only with one write thread.
+        assert!(!auto.creates_on_extracting_thread(Path::new("/no/such/dir")));
+        if crate::filesystem_type(Path::new("/dev/shm")).as_deref() == Some("tmpfs") {
+            assert!(!auto.creates_on_extracting_thread(Path::new("/dev/shm")));
+        }
+        let here = ExtractOptions {
+            create_on_extracting_thread: Some(true),
+            ..auto.clone()
+        };
+        assert!(here.creates_on_extracting_thread(Path::new("/no/such/dir")));
+        let here_but_three = ExtractOptions {
+            write_threads: 3,
+            ..here.clone()
+        };
+        assert!(!here_but_three.creates_on_extracting_thread(Path::new("/no/such/dir")));
         // Direct writes only when asked for, and only on ext4 (tests/filesystems.rs).
         let direct = ExtractOptions {
             direct_writes: true,

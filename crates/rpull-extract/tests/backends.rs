@@ -232,11 +232,16 @@ fn layers() -> Vec<Vec<u8>> {
     vec![base, second]
 }
 
-fn apply(backend: IoBackendKind, write_threads: usize) -> (Sandbox, Vec<Node>) {
+fn apply(
+    backend: IoBackendKind,
+    write_threads: usize,
+    create_on_extracting_thread: bool,
+) -> (Sandbox, Vec<Node>) {
     let sandbox = Sandbox::new();
     let options = ExtractOptions {
         backend,
         write_threads,
+        create_on_extracting_thread: Some(create_on_extracting_thread),
         ..ExtractOptions::for_current_user()
     };
     sandbox.apply(&layers(), &options).unwrap();
@@ -246,15 +251,19 @@ fn apply(backend: IoBackendKind, write_threads: usize) -> (Sandbox, Vec<Node>) {
 
 #[test]
 fn std_parallel_and_uring_give_identical_trees() {
-    let (_std_sandbox, std_tree) = apply(IoBackendKind::Std, 1);
+    let (_std_sandbox, std_tree) = apply(IoBackendKind::Std, 1, false);
     assert!(std_tree.len() > 2200, "{} entries", std_tree.len());
-    let mut others = vec![("parallel x2", apply(IoBackendKind::Std, 2))];
-    others.push(("parallel x5", apply(IoBackendKind::Std, 5)));
+    let mut others = vec![("parallel x2", apply(IoBackendKind::Std, 2, false))];
+    others.push(("parallel x5", apply(IoBackendKind::Std, 5, false)));
+    others.push((
+        "made on the extracting thread",
+        apply(IoBackendKind::Std, 1, true),
+    ));
     match IoBackendKind::Uring.resolve() {
         (IoBackendKind::Std, Some(reason)) => {
             eprintln!("skipping the uring tree: io_uring unavailable: {reason}")
         }
-        _ => others.push(("uring", apply(IoBackendKind::Uring, 1))),
+        _ => others.push(("uring", apply(IoBackendKind::Uring, 1, false))),
     }
     for (name, (_sandbox, tree)) in &others {
         assert_eq!(std_tree.len(), tree.len(), "{name}");
@@ -318,10 +327,11 @@ fn std_parallel_and_uring_give_identical_trees() {
 /// backend (dropped with writes in flight) waits for them.
 #[test]
 fn failures_name_the_entry() {
-    for (backend, write_threads) in [
-        (IoBackendKind::Std, 1),
-        (IoBackendKind::Std, 2),
-        (IoBackendKind::Uring, 1),
+    for (backend, write_threads, create_here) in [
+        (IoBackendKind::Std, 1, false),
+        (IoBackendKind::Std, 2, false),
+        (IoBackendKind::Std, 1, true),
+        (IoBackendKind::Uring, 1, false),
     ] {
         if backend.resolve().0 != backend {
             continue;
@@ -337,6 +347,7 @@ fn failures_name_the_entry() {
         let options = ExtractOptions {
             backend,
             write_threads,
+            create_on_extracting_thread: Some(create_here),
             ..common::plain_options()
         };
         match extract_layer(layer.as_slice(), &sandbox.root, &options) {

@@ -10,7 +10,8 @@ use std::process::Command;
 use common::{Layer, is_root, snapshot};
 use rpull_extract::{
     CreateGate, ExtractOptions, IoBackendKind, extract_layer, finalize_tree,
-    parallel_creation_scales, preallocation_helps, recent_deletes_slow_creation, spread_new_trees,
+    parallel_creation_scales, preallocation_helps, recent_deletes_slow_creation,
+    split_creation_helps, spread_new_trees,
 };
 
 /// An ext4 file system made in a file under a temporary directory and mounted on another; it is
@@ -117,6 +118,8 @@ fn ext4_with_a_journal_gets_write_threads_and_no_gate_and_without_one_neither() 
         ExtractOptions::default_write_threads()
     );
     assert_eq!(CreateGate::for_target(&journaled.mount_point), None);
+    assert_eq!(split_creation_helps(&journaled.mount_point), Some(false));
+    assert!(!auto.creates_on_extracting_thread(&journaled.mount_point));
 
     assert_eq!(
         recent_deletes_slow_creation(&journaled.mount_point),
@@ -130,6 +133,13 @@ fn ext4_with_a_journal_gets_write_threads_and_no_gate_and_without_one_neither() 
     assert_eq!(recent_deletes_slow_creation(&plain.mount_point), Some(true));
     assert_eq!(auto.write_threads_for(&plain.mount_point), 1);
     assert!(CreateGate::for_target(&plain.mount_point).is_some());
+    assert_eq!(split_creation_helps(&plain.mount_point), Some(true));
+    assert!(auto.creates_on_extracting_thread(&plain.mount_point));
+    let two = ExtractOptions {
+        write_threads: 2,
+        ..auto.clone()
+    };
+    assert!(!two.creates_on_extracting_thread(&plain.mount_point));
 
     // A layer of small files applied with those defaults gives the same tree on both, gate and
     // write threads or not.

@@ -117,6 +117,7 @@ pub(crate) async fn pull(
         gate = create_gate.is_some(),
         backend = ?options.extract.backend,
         write_threads_with_std = options.extract.write_threads_for(&staging.rootfs()),
+        files_made_on_extracting_thread = options.extract.creates_on_extracting_thread(&staging.rootfs()),
         "inode creation"
     );
     // The biggest layer is the pipeline's critical path: layers much smaller than it run their

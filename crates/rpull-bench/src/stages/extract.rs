@@ -90,7 +90,11 @@ pub(crate) fn extract_runs(
     // What a pull would choose there (tmpfs, ramfs and ext4 with a journal: write threads and no
     // gate; elsewhere one thread and the gate), named in the description.
     let creation = if CreateGate::shared_for(options.create_gate.as_ref(), &target.base).is_some() {
-        "their inodes made one at a time"
+        if options.creates_on_extracting_thread(&target.base) {
+            "their inodes made one at a time, on the extracting thread"
+        } else {
+            "their inodes made one at a time"
+        }
     } else {
         "their inodes made at once"
     };

@@ -365,30 +365,39 @@ pub fn os(bytes: &[u8]) -> &Path {
 }
 
 thread_local! {
-    /// The backend and write threads of the test running on this thread (see [`backend_tests!`]).
-    static BACKEND: Cell<(IoBackendKind, usize)> = const { Cell::new((IoBackendKind::Std, 1)) };
+    /// The backend, write threads and where files are made of the test running on this thread
+    /// (see [`backend_tests!`]).
+    static BACKEND: Cell<(IoBackendKind, usize, Option<bool>)> =
+        const { Cell::new((IoBackendKind::Std, 1, Some(false))) };
 }
 
 /// Write threads of the `parallel` variant: more than the cores of a CI machine, so that workers
 /// really overlap and get descheduled mid-batch.
 pub const PARALLEL_THREADS: usize = 3;
 
-/// Runs `test` with [`options`] and [`plain_options`] selecting `backend` and `write_threads`.
-/// io_uring being unavailable (seccomp, `kernel.io_uring_disabled`) skips the uring variant loudly.
-pub fn with_backend(backend: IoBackendKind, write_threads: usize, test: fn()) {
+/// Runs `test` with [`options`] and [`plain_options`] selecting `backend`, `write_threads` and
+/// `create_on_extracting_thread`. io_uring being unavailable (seccomp,
+/// `kernel.io_uring_disabled`) skips the uring variant loudly.
+pub fn with_backend(
+    backend: IoBackendKind,
+    write_threads: usize,
+    create_on_extracting_thread: Option<bool>,
+    test: fn(),
+) {
     if let (IoBackendKind::Std, Some(reason)) = backend.resolve()
         && backend == IoBackendKind::Uring
     {
         eprintln!("skipping the io_uring variant: {reason}");
         return;
     }
-    BACKEND.with(|cell| cell.set((backend, write_threads)));
+    BACKEND.with(|cell| cell.set((backend, write_threads, create_on_extracting_thread)));
     test();
 }
 
 /// Turns each named test function (no `#[test]` of its own) into a module with one test per
 /// backend, `NAME::std` (files written on the extracting thread), `NAME::parallel` (std with
-/// [`PARALLEL_THREADS`] write threads) and `NAME::uring`: every extraction test runs on all three.
+/// [`PARALLEL_THREADS`] write threads), `NAME::split` (std, files made on the extracting thread
+/// and written by one write thread) and `NAME::uring`: every extraction test runs on all four.
 #[macro_export]
 macro_rules! backend_tests {
     ($($name:ident),* $(,)?) => {
@@ -396,19 +405,39 @@ macro_rules! backend_tests {
             mod $name {
                 #[test]
                 fn std() {
-                    $crate::common::with_backend(rpull_extract::IoBackendKind::Std, 1, super::$name);
+                    $crate::common::with_backend(
+                        rpull_extract::IoBackendKind::Std,
+                        1,
+                        Some(false),
+                        super::$name,
+                    );
                 }
                 #[test]
                 fn parallel() {
                     $crate::common::with_backend(
                         rpull_extract::IoBackendKind::Std,
                         $crate::common::PARALLEL_THREADS,
+                        None,
+                        super::$name,
+                    );
+                }
+                #[test]
+                fn split() {
+                    $crate::common::with_backend(
+                        rpull_extract::IoBackendKind::Std,
+                        1,
+                        Some(true),
                         super::$name,
                     );
                 }
                 #[test]
                 fn uring() {
-                    $crate::common::with_backend(rpull_extract::IoBackendKind::Uring, 1, super::$name);
+                    $crate::common::with_backend(
+                        rpull_extract::IoBackendKind::Uring,
+                        1,
+                        None,
+                        super::$name,
+                    );
                 }
             }
         )*
@@ -417,10 +446,11 @@ macro_rules! backend_tests {
 
 /// The options of the current user, with the backend of the running test.
 pub fn options() -> ExtractOptions {
-    let (backend, write_threads) = BACKEND.with(Cell::get);
+    let (backend, write_threads, create_on_extracting_thread) = BACKEND.with(Cell::get);
     ExtractOptions {
         backend,
         write_threads,
+        create_on_extracting_thread,
         ..ExtractOptions::for_current_user()
     }
 }
