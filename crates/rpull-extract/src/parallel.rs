@@ -956,6 +956,14 @@ mod tests {
         }
     }
 
+    /// A budget of open files made here of the test's own, not the process's.
+    fn test_budget(limit: usize) -> &'static OpenBudget {
+        Box::leak(Box::new(OpenBudget {
+            open: AtomicUsize::new(0),
+            limit: Some(limit),
+        }))
+    }
+
     #[test]
     fn files_made_on_the_extracting_thread_are_there_at_once_and_written_by_the_worker() {
         let dir = tempfile::tempdir().unwrap();
@@ -963,10 +971,7 @@ mod tests {
         let mut backend = ParallelBackend::new(1, false)
             .unwrap()
             .creating_files_here(true);
-        let budget: &'static OpenBudget = Box::leak(Box::new(OpenBudget {
-            open: AtomicUsize::new(0),
-            limit: Some(1000),
-        }));
+        let budget = test_budget(1000);
         backend.budget = budget;
         let names: Vec<std::ffi::CString> = (0..300)
             .map(|index| std::ffi::CString::new(format!("f{index}")).unwrap())
@@ -1000,10 +1005,7 @@ mod tests {
     fn past_the_limit_of_open_files_made_here_a_file_is_written_on_the_extracting_thread() {
         let dir = tempfile::tempdir().unwrap();
         let parent = open_dir(dir.path());
-        let budget: &'static OpenBudget = Box::leak(Box::new(OpenBudget {
-            open: AtomicUsize::new(0),
-            limit: Some(2),
-        }));
+        let budget = test_budget(2);
         let mut backend = ParallelBackend::new(1, false)
             .unwrap()
             .creating_files_here(true);
