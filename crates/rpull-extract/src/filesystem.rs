@@ -49,9 +49,10 @@ pub fn parallel_creation_scales(path: &Path) -> Option<bool> {
 /// Measured (docs/performance.md, "What changed", on this project's 2-core VMs, whose root ext4
 /// has no journal): there making an inode right after a large delete is most of a small file's
 /// cost (`openat` 67% of the samples of one thread doing it all, about half of that the
-/// allocator's scan past recently deleted inodes), and two threads making inodes at once contend. With the rest on
-/// a write thread, a layer of 150k small files took 3.72-3.79 s against 4.90-5.15 s (GNU tar
-/// 5.45-6.13 s), 4 alternating rounds.
+/// allocator's scan past recently deleted inodes), and two threads making inodes at once
+/// contend. With the rest on a write thread, a layer of 150k small files took 3.72-3.79 s against
+/// 4.90-5.15 s (GNU tar 5.45-6.13 s), 4 alternating rounds. The file systems are those of
+/// [`recent_deletes_slow_creation`] today, but the two were measured apart and may part.
 pub fn split_creation_helps(path: &Path) -> Option<bool> {
     Some(match statfs_magic(path)? {
         EXT4_SUPER_MAGIC => ext4_has_journal(path) == Some(false),
