@@ -982,6 +982,21 @@ mod tests {
             assert!(dir.path().join(name.to_str().unwrap()).exists());
         }
         assert!(backend.has_pending());
+        // Made here, so a name the kernel refuses fails `write_file` itself, naming the entry, where
+        // a worker's failure would only show at the next `write_file` or `flush`.
+        let long = std::ffi::CString::new("n".repeat(300)).unwrap();
+        match write(&mut backend, &parent, &long, b"refused") {
+            Err(ExtractError::Io {
+                entry,
+                operation,
+                source,
+            }) => {
+                assert_eq!(entry, std::path::PathBuf::from("n".repeat(300)));
+                assert_eq!(operation, "creating file");
+                assert_eq!(source.raw_os_error(), Some(libc::ENAMETOOLONG));
+            }
+            other => panic!("expected the creation to fail here, got {other:?}"),
+        }
         // A later entry of the same name replaces the one made here at once; the later one wins
         // although the worker still writes the earlier inode.
         write(&mut backend, &parent, c"f7", b"second").unwrap();
