@@ -5,7 +5,7 @@
 //! asserted.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use rpull_testing::{
@@ -593,6 +593,19 @@ fn split_csv(line: &str) -> Vec<String> {
 #[test]
 fn benchmarks_md_judges_the_targets_as_the_committed_compares_were_judged() {
     let root = env!("CARGO_MANIFEST_DIR");
+    let render = |reports: &[PathBuf]| -> String {
+        let output = Command::new("python3")
+            .arg(Path::new(root).join("scripts/benchmarks-md"))
+            .args(reports)
+            .output()
+            .expect("running python3 scripts/benchmarks-md (scripts/test installs python3)");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
     let judged = |run: &str| -> String {
         let dir = Path::new(root).join("docs/benchmarks").join(run);
         let mut reports: Vec<_> = std::fs::read_dir(&dir)
@@ -608,17 +621,7 @@ fn benchmarks_md_judges_the_targets_as_the_committed_compares_were_judged() {
             })
             .collect();
         reports.sort();
-        let output = Command::new("python3")
-            .arg(Path::new(root).join("scripts/benchmarks-md"))
-            .args(&reports)
-            .output()
-            .expect("running python3 scripts/benchmarks-md (scripts/test installs python3)");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
+        render(&reports)
     };
     // (run, the target's row starts with, the row holds)
     let cases = [
@@ -728,13 +731,7 @@ fn benchmarks_md_judges_the_targets_as_the_committed_compares_were_judged() {
     }
     // A --quick compare (10MB and 100MB images only) has none of the images the targets are about.
     let quick = Path::new(root).join("docs/benchmarks/run-at/benchmark-v1-10MB-1-disk.json");
-    let output = Command::new("python3")
-        .arg(Path::new(root).join("scripts/benchmarks-md"))
-        .arg(&quick)
-        .output()
-        .expect("running python3 scripts/benchmarks-md");
-    assert!(output.status.success());
-    let markdown = String::from_utf8(output.stdout).unwrap();
+    let markdown = render(&[quick]);
     assert!(
         markdown.contains("benchmark:v1-10MB-1` to ext4"),
         "{markdown}"
