@@ -47,7 +47,7 @@
 //! checked by its device and inode; the jobs go back to the extracting thread with the batch, to
 //! drop the descriptors of its table there. Where the kernel lacks or refuses one of these calls
 //! (before Linux 5.9, or a seccomp filter) the workers keep the process's table, as before.
-//! Measured (docs/performance.md, "What changed"): a 150k-file layer into /dev/shm, 5-10% less
+//! Measured (docs/performance.md, "What changed"): a 150k-file layer into /dev/shm, about 5% less
 //! CPU.
 //!
 //! Memory: at most [`QUEUED_PER_LAYER`] batches queued in all (split evenly between the workers,
