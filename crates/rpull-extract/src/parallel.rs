@@ -36,33 +36,17 @@
 //! whole process and held to [`open_created_limit`]; past it, a file is written on the extracting
 //! thread.
 //!
-//! **A descriptor table per worker** ([`OwnTable`]). Where the workers make their own files (not
-//! [`creating_files_here`](ParallelBackend::creating_files_here)), each takes a table of its own
-//! at its first batch (`unshare(CLONE_FILES)`) and closes there its copies of the process's
-//! descriptors but standard input, output and error, so that no pipe or socket stays open
-//! through it. Two threads making files in one table take its lock and its lowest free number at
-//! every `openat` and `close`; in its own table a worker's files get consecutive numbers, and a
-//! batch's files are closed at its end by a `close_range` per run of numbers. A job's directory
-//! is copied into the worker's table (`pidfd_getfd`, once per run of files in one directory) and
-//! checked by its device and inode; the jobs go back to the extracting thread with the batch, to
-//! drop the descriptors of its table there. Where the kernel lacks or refuses one of these calls
-//! (before Linux 5.9, or a seccomp filter) the workers keep the process's table, as before.
-//! Measured (docs/performance.md, "What changed"): a 150k-file layer into /dev/shm, about 5% less
-//! CPU.
-//!
 //! Memory: at most [`QUEUED_PER_LAYER`] batches queued in all (split evenly between the workers,
 //! at least 2 each), plus one being filled and one being written per worker, each batch with at
 //! most [`BATCH_BYTES`] of data: about 9 MiB of file data per layer with 2 workers, 10 MiB with
 //! 4. Files above [`MAX_QUEUED_FILE`] are written by the extracting thread.
 
-use std::cell::Cell;
 use std::collections::HashSet;
 use std::ffi::CStr;
 use std::fmt;
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 use std::io::{self, BufRead, Read};
-use std::mem::ManuallyDrop;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -70,8 +54,6 @@ use std::thread::JoinHandle;
 
 use rustix::fs::Mode;
 use rustix::io::Errno;
-use rustix::process::{PidfdFlags, PidfdGetfdFlags};
-use rustix::thread::UnshareFlags;
 use tracing::debug;
 
 use crate::backend::{
@@ -175,9 +157,7 @@ struct Created {
 
 /// One file of a batch: its data, name and entry path are ranges of the batch's buffers.
 struct Job {
-    parent: ParentDir,
-    /// The (device, inode) of `parent`, to check a copy of it in a worker's own table.
-    parent_id: (u64, u64),
+    parent: Arc<OwnedFd>,
     /// The file, when the extracting thread made it ([`ParallelBackend::creating_files_here`]).
     created: Option<Created>,
     data: (usize, usize),
@@ -278,9 +258,6 @@ enum Message {
 struct Shared {
     failed: AtomicBool,
     error: Mutex<Option<ExtractError>>,
-    /// [`ParallelBackend::creating_files_here`], set before the first batch: the workers then
-    /// keep the process's descriptor table (they close descriptors made in it).
-    create_here: AtomicBool,
 }
 
 impl Shared {
@@ -326,10 +303,8 @@ pub struct ParallelBackend {
     made: KeySet,
     /// The last parent seen and its (device, inode), to stat each directory once per run of files.
     last_parent: Option<(Arc<OwnedFd>, (u64, u64))>,
-    /// Batch buffers the workers gave back...
+    /// Recycled batch buffers.
     spare: Receiver<Batch>,
-    /// ... and those of them cleared, for reuse.
-    returned: Vec<Batch>,
     replaced: bool,
     /// Set when a worker's error has been returned: the backend must not be used again.
     poisoned: bool,
@@ -418,7 +393,6 @@ impl ParallelBackend {
             made: KeySet::default(),
             last_parent: None,
             spare,
-            returned: Vec::new(),
             replaced: false,
             poisoned: false,
             create_here: false,
@@ -436,7 +410,6 @@ impl ParallelBackend {
     /// 4.90-5.15 s on the extracting thread alone (GNU tar 5.45-6.13 s), 4 alternating rounds.
     pub fn creating_files_here(mut self, here: bool) -> Self {
         self.create_here = here;
-        self.shared.create_here.store(here, Ordering::Release);
         self
     }
 
@@ -539,7 +512,6 @@ impl ParallelBackend {
                 break;
             }
         }
-        self.take_returned();
         self.pending.clear();
         Ok(())
     }
@@ -553,22 +525,13 @@ impl ParallelBackend {
         Ok(())
     }
 
-    /// Takes the batches the workers gave back, clearing their jobs here: a worker with a table of
-    /// its own must not drop their directory descriptors, which are this table's.
-    fn take_returned(&mut self) {
-        while let Ok(mut batch) = self.spare.try_recv() {
-            batch.jobs.clear();
-            self.returned.push(batch);
-        }
-    }
-
     /// Sends worker `index`'s batch if it has files.
     fn send(&mut self, index: usize) -> Result<(), ExtractError> {
         if self.workers[index].batch.jobs.is_empty() {
             return Ok(());
         }
-        self.take_returned();
-        let mut fresh = self.returned.pop().unwrap_or_default();
+        let mut fresh = self.spare.try_recv().unwrap_or_default();
+        fresh.jobs.clear();
         fresh.data.clear();
         fresh.names.clear();
         let worker = &mut self.workers[index];
@@ -600,7 +563,6 @@ impl ParallelBackend {
         data: &mut dyn Read,
         spill: &mut Vec<u8>,
         slot: Option<CreatedSlot>,
-        parent_id: (u64, u64),
     ) -> Result<Option<u64>, ExtractError> {
         if self.workers[index].batch.has_no_room_for(file.size) {
             self.send(index)?;
@@ -636,8 +598,7 @@ impl ParallelBackend {
         let entry_start = batch.names.len();
         batch.names.extend_from_slice(file.entry);
         batch.jobs.push(Job {
-            parent: ParentDir(ManuallyDrop::new(Arc::clone(file.parent))),
-            parent_id,
+            parent: Arc::clone(file.parent),
             created,
             data: (start, batch.data.len()),
             name: (name_start, entry_start),
@@ -684,7 +645,7 @@ impl IoBackend for ParallelBackend {
             };
             if !self.create_here || slot.is_some() {
                 let index = (key % self.workers.len() as u64) as usize;
-                if let Some(written) = self.queue(index, file, data, &mut spill, slot, directory)? {
+                if let Some(written) = self.queue(index, file, data, &mut spill, slot)? {
                     self.pending.insert(key);
                     return Ok(written);
                 }
@@ -784,193 +745,29 @@ impl Drop for ParallelBackend {
 /// A worker: writes each batch's files in order; after an error, skips the rest.
 fn work(receiver: Receiver<Message>, shared: &Shared, recycle: &SyncSender<Batch>, chown: bool) {
     let mut xattrs = XattrPolicy::new(chown);
-    // Decided at the first batch, after `creating_files_here`.
-    let mut own: Option<Option<OwnTable>> = None;
     for message in receiver {
         match message {
             Message::Batch(mut batch) => {
-                let own = own.get_or_insert_with(|| {
-                    if shared.create_here.load(Ordering::Acquire) {
-                        None
-                    } else {
-                        OwnTable::new()
-                    }
-                });
                 for index in 0..batch.jobs.len() {
                     if shared.failed.load(Ordering::Acquire) {
                         break;
                     }
                     // Closed as soon as it is written.
                     let created = batch.jobs[index].created.take();
-                    if let Err(error) = write_job(
-                        &batch,
-                        &batch.jobs[index],
-                        created,
-                        &mut xattrs,
-                        own.as_mut(),
-                    ) {
+                    if let Err(error) = write_job(&batch, &batch.jobs[index], created, &mut xattrs)
+                    {
                         shared.fail(error);
                     }
                 }
-                match own {
-                    // The jobs go back with their directory descriptors, which the extracting
-                    // thread drops (they are its table's).
-                    Some(table) => table.close_written(),
-                    // Recycled without its directory descriptors (nor, after an error, the files
-                    // made on the extracting thread and not written).
-                    None => batch.jobs.clear(),
-                }
+                // Recycled without its directory descriptors (nor, after an error, the files
+                // made on the extracting thread and not written).
+                batch.jobs.clear();
                 let _ = recycle.try_send(batch);
             }
             Message::Barrier(done) => {
                 let _ = done.send(());
             }
         }
-    }
-}
-
-thread_local! {
-    /// Whether this thread has a descriptor table of its own ([`OwnTable`]).
-    static OWN_TABLE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// A queued file's directory: a descriptor of the extracting thread's table. Dropped on a thread
-/// with a table of its own (a worker's batch dropped there, which only a panic does), it is left
-/// open rather than closed there, where its number means another file or none.
-struct ParentDir(ManuallyDrop<Arc<OwnedFd>>);
-
-impl ParentDir {
-    fn get(&self) -> &Arc<OwnedFd> {
-        &self.0
-    }
-}
-
-impl Drop for ParentDir {
-    fn drop(&mut self) {
-        if !OWN_TABLE.with(Cell::get) {
-            // SAFETY: dropped once, here, and never used again.
-            unsafe { ManuallyDrop::drop(&mut self.0) }
-        }
-    }
-}
-
-/// A worker's descriptor table of its own, where the workers make their files
-/// (`unshare(CLONE_FILES)`; see the module documentation). Two threads making files in one table
-/// both take its lock and its lowest free number at every `openat` and `close`; in a table of its
-/// own a worker's files get consecutive numbers, so a batch's files are closed by one
-/// `close_range` per run of numbers instead of a `close` each.
-struct OwnTable {
-    /// This process, to copy a directory's descriptor from the process's table (`pidfd_getfd`).
-    process: OwnedFd,
-    /// The last directory copied into this table, by its (device, inode).
-    parent: Option<((u64, u64), OwnedFd)>,
-    /// Files written and not closed yet: closed at the end of each batch.
-    written: Vec<RawFd>,
-}
-
-impl OwnTable {
-    /// Gives this thread a table of its own holding only standard input, output and error and a
-    /// descriptor of the process; `None` (and the process's table kept) where the kernel lacks or
-    /// refuses a call it takes (`pidfd_open`, `pidfd_getfd`, `close_range`: Linux 5.9; `unshare`).
-    fn new() -> Option<Self> {
-        let process = match Self::open_process() {
-            Ok(process) => process,
-            Err(errno) => {
-                debug!(%errno, "write threads keep the process's descriptor table");
-                return None;
-            }
-        };
-        // SAFETY: from here this thread uses no descriptor of the process's table by its number:
-        // the directories of its jobs are copied in (`parent`), and what it opens is its own.
-        if let Err(errno) = unsafe { rustix::thread::unshare_unsafe(UnshareFlags::FILES) } {
-            debug!(%errno, "write threads keep the process's descriptor table");
-            return None;
-        }
-        OWN_TABLE.with(|own| own.set(true));
-        // The copies of the process's other descriptors go: a pipe or socket the process closes
-        // must not stay open here.
-        let kept = process.as_raw_fd() as u32;
-        for (first, last) in [(3, kept.wrapping_sub(1)), (kept + 1, u32::MAX)] {
-            if first <= last
-                && let Err(errno) = close_range(first, last)
-            {
-                // It answered a moment ago (`open_process`); this thread goes on regardless.
-                debug!(%errno, first, last, "closing the write thread's copies of descriptors");
-            }
-        }
-        Some(Self {
-            process,
-            parent: None,
-            written: Vec::new(),
-        })
-    }
-
-    /// A descriptor of this process that `pidfd_getfd` accepts, with `close_range` there too.
-    fn open_process() -> Result<OwnedFd, Errno> {
-        let process = rustix::process::pidfd_open(rustix::process::getpid(), PidfdFlags::empty())?;
-        drop(rustix::process::pidfd_getfd(
-            &process,
-            process.as_raw_fd(),
-            PidfdGetfdFlags::empty(),
-        )?);
-        // No such descriptor: 0 where the call exists.
-        close_range(u32::MAX, u32::MAX)?;
-        Ok(process)
-    }
-
-    /// `job`'s directory in this table: copied from the process's table (and checked to be the
-    /// same directory) when it is not the last one.
-    fn parent(&mut self, job: &Job) -> io::Result<BorrowedFd<'_>> {
-        if !matches!(&self.parent, Some((id, _)) if *id == job.parent_id) {
-            self.parent = None;
-            let copy = rustix::process::pidfd_getfd(
-                &self.process,
-                job.parent.get().as_raw_fd(),
-                PidfdGetfdFlags::empty(),
-            )?;
-            let stat = rustix::fs::fstat(&copy)?;
-            if (stat.st_dev, stat.st_ino) != job.parent_id {
-                return Err(io::Error::other(
-                    "the descriptor copied from the process is another directory \
-                     (does the extracting thread have a descriptor table of its own?)",
-                ));
-            }
-            self.parent = Some((job.parent_id, copy));
-        }
-        Ok(self
-            .parent
-            .as_ref()
-            .map(|(_, fd)| fd.as_fd())
-            .expect("set above"))
-    }
-
-    /// Closes the files written since the last call, a `close_range` per run of numbers.
-    fn close_written(&mut self) {
-        let mut runs = self.written.drain(..);
-        let Some(first) = runs.next() else { return };
-        let (mut start, mut end) = (first, first);
-        for fd in runs.chain(std::iter::once(-1)) {
-            if fd >= 0 && fd == end + 1 {
-                end = fd;
-                continue;
-            }
-            // Each number of the run is a file of `written`, owned here.
-            if let Err(errno) = close_range(start as u32, end as u32) {
-                debug!(%errno, start, end, "close_range");
-            }
-            (start, end) = (fd, fd);
-        }
-    }
-}
-
-/// `close_range(first, last, 0)`.
-fn close_range(first: u32, last: u32) -> Result<(), Errno> {
-    // SAFETY: closes numbers of this thread's table; callers own what is open there.
-    let result = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(Errno::from_io_error(&io::Error::last_os_error()).unwrap_or(Errno::IO))
     }
 }
 
@@ -999,32 +796,22 @@ fn create_file(
 }
 
 /// Writes `job`: makes the file unless the extracting thread did (`created`), writes its data,
-/// applies its metadata and closes it, or leaves it to `own` to close with its batch.
+/// applies its metadata and closes it.
 fn write_job(
     batch: &Batch,
     job: &Job,
     created: Option<Created>,
     xattrs: &mut XattrPolicy,
-    mut own: Option<&mut OwnTable>,
 ) -> Result<(), ExtractError> {
     let entry = &batch.names[job.entry.0..job.entry.1];
-    let mut made = None;
+    let made;
     let fd = match &created {
         Some(created) => created.fd.as_fd(),
         None => {
             let name = CStr::from_bytes_with_nul(&batch.names[job.name.0..job.name.1])
                 .map_err(|_| io_error(entry, "creating file", Errno::INVAL))?;
-            let file = match own.as_deref_mut() {
-                Some(table) => {
-                    let parent = table
-                        .parent(job)
-                        .map_err(|error| io_error(entry, "opening the directory of", error))?;
-                    create_file(parent, name, job.create_mode, entry)?
-                }
-                None => create_file(job.parent.get().as_fd(), name, job.create_mode, entry)?,
-            };
-            made = Some(file);
-            made.as_ref().map(OwnedFd::as_fd).expect("just made")
+            made = create_file(job.parent.as_fd(), name, job.create_mode, entry)?;
+            made.as_fd()
         }
     };
     write_all(fd, batch.data.get(job.data)).map_err(|errno| io_error(entry, "writing", errno))?;
@@ -1034,11 +821,7 @@ fn write_job(
         mtime: job.mtime,
         xattrs: &job.xattrs,
     };
-    apply_file_metadata(fd.as_fd(), &metadata, xattrs, entry)?;
-    if let (Some(table), Some(made)) = (own, made) {
-        table.written.push(made.into_raw_fd());
-    }
-    Ok(())
+    apply_file_metadata(fd.as_fd(), &metadata, xattrs, entry)
 }
 
 #[cfg(test)]
@@ -1183,13 +966,12 @@ mod tests {
     }
 
     #[test]
-    fn written_files_are_closed_by_the_end_of_their_batch_and_directories_with_the_backend() {
+    fn written_files_are_closed_by_the_flush_and_directories_with_the_backend() {
         let root = tempfile::tempdir().unwrap();
         let mut backend = ParallelBackend::new(2, false).unwrap();
         let written = write_in_directories(&mut backend, root.path());
         backend.flush().unwrap();
-        // Written and closed (in a worker's own table too, where they are closed a run at a time):
-        // only directories may still be open.
+        // Written and closed: only directories may still be open.
         let open = open_under(root.path());
         assert!(
             open.iter().all(|path| !written.contains(path)),
@@ -1198,27 +980,9 @@ mod tests {
         for (index, path) in written.iter().enumerate() {
             assert_eq!(std::fs::read(path).unwrap(), vec![(index % 20) as u8; 100]);
         }
-        // Every directory descriptor the jobs held is closed once the backend is gone: none is
-        // left open in the process's table, nor in a worker's.
+        // Every directory descriptor the jobs held is closed once the backend is gone.
         drop(backend);
         assert_eq!(open_under(root.path()), Vec::<std::path::PathBuf>::new());
-    }
-
-    #[test]
-    fn write_threads_hold_no_copy_of_the_process_s_other_descriptors() {
-        // A pipe made before the workers take tables of their own (at their first batch): once
-        // its write end is closed here, its reader sees the end of it, which a copy of the write
-        // end in a worker's table would prevent.
-        let (reader, writer) = rustix::pipe::pipe().unwrap();
-        rustix::fs::fcntl_setfl(&reader, rustix::fs::OFlags::NONBLOCK).unwrap();
-        let root = tempfile::tempdir().unwrap();
-        let mut backend = ParallelBackend::new(2, false).unwrap();
-        write_in_directories(&mut backend, root.path());
-        backend.flush().unwrap();
-        drop(writer);
-        let mut byte = [0u8; 1];
-        assert_eq!(rustix::io::read(&reader, &mut byte), Ok(0));
-        drop(backend);
     }
 
     #[test]
