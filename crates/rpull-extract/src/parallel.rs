@@ -827,7 +827,7 @@ fn write_job(
 #[cfg(test)]
 mod tests {
     use std::io::Cursor;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     use super::*;
 
@@ -928,7 +928,7 @@ mod tests {
 
     /// What any thread of this process (each has its table in /proc/self/task/*/fd) has open
     /// under `dir`.
-    fn open_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    fn open_under(dir: &Path) -> Vec<PathBuf> {
         let dir = dir.canonicalize().unwrap();
         let mut open = Vec::new();
         for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
@@ -949,7 +949,7 @@ mod tests {
 
     /// Files in 40 directories of `root`, through `backend`, the directories' descriptors dropped
     /// here as soon as their files are queued (the queued files hold them).
-    fn write_in_directories(backend: &mut ParallelBackend, root: &Path) -> Vec<std::path::PathBuf> {
+    fn write_in_directories(backend: &mut ParallelBackend, root: &Path) -> Vec<PathBuf> {
         let root = root.canonicalize().unwrap();
         let mut written = Vec::new();
         for directory in 0..40 {
@@ -982,7 +982,7 @@ mod tests {
         }
         // Every directory descriptor the jobs held is closed once the backend is gone.
         drop(backend);
-        assert_eq!(open_under(root.path()), Vec::<std::path::PathBuf>::new());
+        assert_eq!(open_under(root.path()), Vec::<PathBuf>::new());
     }
 
     #[test]
