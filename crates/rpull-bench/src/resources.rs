@@ -820,14 +820,38 @@ mod tests {
 
     #[test]
     fn the_wall_time_ends_at_the_exit_not_after_the_last_reading() {
-        // The poller is in its 50 ms pause when the child ends: the stop wakes it at once.
+        // Neither the measured time nor the call waits for the poller's next reading (whether
+        // the child's exit falls in a pause depends on when the readings come; the stop's own
+        // wake-up is `a_stop_does_not_wait_out_the_pause`).
+        let called = Instant::now();
         let run = run_measured(Command::new("sleep").arg("0.2")).unwrap();
+        let returned = called.elapsed();
         assert!(run.status.success());
         assert!(
             run.sample.seconds < 0.24,
             "{} s for a sleep of 0.2 s",
             run.sample.seconds
         );
+        assert!(
+            returned < Duration::from_millis(240),
+            "{returned:?} for a sleep of 0.2 s"
+        );
+    }
+
+    #[test]
+    fn a_stop_does_not_wait_out_the_pause() {
+        // 125 ms after the start the poller is in a 50 ms pause (its readings come at about 100
+        // and 150 ms, later on a busy machine): the stop wakes it for its last reading at once.
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let poller = PeakPoller::start(child.id() as libc::pid_t);
+        std::thread::sleep(Duration::from_millis(125));
+        let stopping = Instant::now();
+        let (peak, _) = poller.stop();
+        let stopped = stopping.elapsed();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(peak.is_some());
+        assert!(stopped < Duration::from_millis(15), "the stop took {stopped:?}");
     }
 
     #[test]
