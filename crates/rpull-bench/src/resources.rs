@@ -851,7 +851,10 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(peak.is_some());
-        assert!(stopped < Duration::from_millis(15), "the stop took {stopped:?}");
+        assert!(
+            stopped < Duration::from_millis(15),
+            "the stop took {stopped:?}"
+        );
     }
 
     #[test]
