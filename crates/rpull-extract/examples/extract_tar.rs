@@ -8,8 +8,10 @@
 //! ```
 //!
 //! A quick way to compare with `tar -xf LAYER.tar -C TARGET_DIR` on the same machine. The tar is
-//! read through a `BufReader` of [`rpull_extract::TAR_READ_BUFFER`], from which big files' data
-//! is written (as `rpull bench`'s extract stage reads it); the time includes `finalize_tree`
+//! read through a `SharedReader` of [`rpull_extract::TAR_READ_BUFFER`] buffers, from which big
+//! files' data is written and small files' data is lent to the write threads (as `rpull bench`'s
+//! extract stage reads it; with `EXTRACT_TAR_COPY` set, a `BufReader`, whose small files are
+//! copied into the write threads' batches); the time includes `finalize_tree`
 //! (directory metadata). `direct` sets `ExtractOptions::direct_writes`, as a pull that syncs does
 //! (big files on ext4 written with `O_DIRECT`).
 
@@ -66,11 +68,19 @@ fn extract(arguments: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     };
     let started = Instant::now();
     let file = std::fs::File::open(layer)?;
-    let summary = rpull_extract::extract_layer(
-        std::io::BufReader::with_capacity(rpull_extract::TAR_READ_BUFFER, file),
-        target.as_ref(),
-        &options,
-    )?;
+    let summary = if std::env::var_os("EXTRACT_TAR_COPY").is_some() {
+        rpull_extract::extract_layer(
+            std::io::BufReader::with_capacity(rpull_extract::TAR_READ_BUFFER, file),
+            target.as_ref(),
+            &options,
+        )?
+    } else {
+        rpull_extract::extract_layer_from(
+            &mut rpull_extract::SharedReader::new(file, rpull_extract::TAR_READ_BUFFER),
+            target.as_ref(),
+            &options,
+        )?
+    };
     rpull_extract::finalize_tree(target.as_ref(), std::slice::from_ref(&summary), &options)?;
     eprintln!(
         "{:?} x{}: {} entries, {} files, {} bytes in {:.3}s",

@@ -80,6 +80,15 @@ pub struct NewFile<'a> {
     pub metadata: FileMetadata<'a>,
 }
 
+/// A regular file's data as [`IoBackend::write_file_from`] gets it: its bytes to read, and
+/// perhaps to borrow whole.
+pub trait FileSource: BufRead {
+    /// All of the file's data still to come as one view of the source's buffer, consumed, when
+    /// the source lends it (it is all in one buffer, and the source's [`crate::Lender`] is under
+    /// its limit); otherwise `None`, with nothing consumed.
+    fn lend_rest(&mut self) -> Option<bytes::Bytes>;
+}
+
 /// Creates regular files, writes their data and applies their metadata, and creates, renames and
 /// removes names (directories, symlinks, hardlinks).
 ///
@@ -126,6 +135,16 @@ pub trait IoBackend: Debug + Send {
         file: &NewFile<'_>,
         data: &mut dyn BufRead,
     ) -> Result<u64, ExtractError>;
+    /// [`write_file`](Self::write_file), with data that may lend the file's bytes as a view of
+    /// the source's buffer ([`FileSource::lend_rest`]): a backend that writes the file later may
+    /// keep the view instead of a copy. By default the data is written as any other.
+    fn write_file_from(
+        &mut self,
+        file: &NewFile<'_>,
+        data: &mut dyn FileSource,
+    ) -> Result<u64, ExtractError> {
+        self.write_file(file, data)
+    }
     /// Completes everything accepted so far.
     fn flush(&mut self) -> Result<(), ExtractError>;
     /// Whether accepted files may still be incomplete (always `false` for a backend that does

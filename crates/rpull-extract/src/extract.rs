@@ -19,6 +19,7 @@ use crate::name::{normalize, split_parent};
 use crate::options::ExtractOptions;
 use crate::remove::remove_all_at;
 use crate::resolve::{Tree, file_type_at, lossy};
+use crate::source::{LayerSource, NoLending};
 use crate::summary::{DeferredHardlink, DirectoryMetadata, LayerSummary};
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
@@ -39,9 +40,20 @@ const SPARSE_BUFFER: usize = 64 * 1024;
 /// `tar` is a [`BufRead`] because regular files' data is written straight from its buffer (one
 /// write per [`BufRead::fill_buf`], at most 256 KiB): a byte slice, or a
 /// [`BufReader`] of [`TAR_READ_BUFFER`](crate::TAR_READ_BUFFER) over a file.
-#[instrument(skip_all, fields(target = %target.display()))]
 pub fn extract_layer(
     tar: impl BufRead,
+    target: &Path,
+    options: &ExtractOptions,
+) -> Result<LayerSummary, ExtractError> {
+    extract_layer_from(&mut NoLending(tar), target, options)
+}
+
+/// [`extract_layer`] from a source that may lend its buffers ([`LayerSource`]): the write
+/// threads of small files then keep views of the source's buffers instead of copies of the
+/// files' data (a [`SharedReader`](crate::SharedReader) over a file, a pull's decoded buffers).
+#[instrument(skip_all, fields(target = %target.display()))]
+pub fn extract_layer_from(
+    tar: &mut dyn LayerSource,
     target: &Path,
     options: &ExtractOptions,
 ) -> Result<LayerSummary, ExtractError> {
@@ -60,7 +72,7 @@ pub fn extract_layer(
 
 /// [`extract_layer`] with the given backend (`options.backend` is not looked at).
 pub(crate) fn extract_with(
-    mut tar: impl BufRead,
+    tar: &mut dyn LayerSource,
     target: &Path,
     options: &ExtractOptions,
     backend: &mut dyn IoBackend,
@@ -68,7 +80,7 @@ pub(crate) fn extract_with(
     let _gate = crate::backend::syscall::GateScope::enter(options.create_gate.clone());
     // The tar crate reads headers and skips through one handle; the extractor reads regular
     // files' data past it through another (see `TarSource` for why).
-    let source = TarSource::new(&mut tar);
+    let source = TarSource::new(tar);
     let tree = Tree::open(target)?;
     let creation = Creation::probe(target, tree.root());
     let mut extractor = Extractor {
@@ -334,7 +346,7 @@ impl Extractor<'_, '_> {
             _ => self.source.file_data(entry.raw_file_position(), size),
         };
         let written = match direct {
-            Some(mut data) => self.backend.write_file(&file, &mut data)?,
+            Some(mut data) => self.backend.write_file_from(&file, &mut data)?,
             None => self
                 .backend
                 .write_file(&file, &mut BufReader::with_capacity(SPARSE_BUFFER, entry))?,

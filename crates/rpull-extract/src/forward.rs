@@ -22,9 +22,14 @@ use std::cell::{RefCell, RefMut};
 use std::io::{self, BufRead, Read, Seek, SeekFrom};
 use std::rc::Rc;
 
+use bytes::Bytes;
+
+use crate::backend::FileSource;
+use crate::source::LayerSource;
+
 /// The stream and its counts, shared by the tar crate's reader and [`FileData`].
 struct Stream<'a> {
-    inner: &'a mut dyn BufRead,
+    inner: &'a mut dyn LayerSource,
     /// Bytes consumed from the start.
     position: u64,
     /// Of those, bytes consumed by [`FileData`] since the tar crate last sought: the tar crate's
@@ -63,7 +68,7 @@ impl Stream<'_> {
 pub(crate) struct TarSource<'a>(Rc<RefCell<Stream<'a>>>);
 
 impl<'a> TarSource<'a> {
-    pub(crate) fn new(inner: &'a mut dyn BufRead) -> Self {
+    pub(crate) fn new(inner: &'a mut dyn LayerSource) -> Self {
         Self(Rc::new(RefCell::new(Stream {
             inner,
             position: 0,
@@ -175,6 +180,18 @@ impl BufRead for FileData<'_, '_> {
     }
 }
 
+impl FileSource for FileData<'_, '_> {
+    fn lend_rest(&mut self) -> Option<Bytes> {
+        let len = self.limit();
+        if len == 0 || len as u64 != self.remaining {
+            return None;
+        }
+        let view = self.stream.inner.lend(len)?;
+        self.advance(len);
+        Some(view)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,7 +203,7 @@ mod tests {
     #[test]
     fn reads_and_forward_seeks_keep_the_position() {
         let data = bytes(100_000);
-        let mut inner = &data[..];
+        let mut inner = crate::source::NoLending(&data[..]);
         let mut reader = TarSource::new(&mut inner);
         let mut buffer = [0u8; 10];
         reader.read_exact(&mut buffer).unwrap();
@@ -206,7 +223,7 @@ mod tests {
     #[test]
     fn backward_and_end_relative_seeks_are_refused() {
         let data = bytes(1000);
-        let mut inner = &data[..];
+        let mut inner = crate::source::NoLending(&data[..]);
         let mut reader = TarSource::new(&mut inner);
         reader.seek(SeekFrom::Start(500)).unwrap();
         for to in [
@@ -223,7 +240,7 @@ mod tests {
     #[test]
     fn a_skip_past_the_end_is_an_unexpected_eof() {
         let data = bytes(1000);
-        let mut inner = &data[..];
+        let mut inner = crate::source::NoLending(&data[..]);
         let mut reader = TarSource::new(&mut inner);
         let error = reader.seek(SeekFrom::Current(1001)).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
@@ -232,7 +249,7 @@ mod tests {
     #[test]
     fn file_data_is_hidden_from_the_next_relative_seek() {
         let data = bytes(10_000);
-        let mut inner = &data[..];
+        let mut inner = crate::source::NoLending(&data[..]);
         let mut reader = TarSource::new(&mut inner);
         reader.seek(SeekFrom::Start(512)).unwrap();
         assert!(
@@ -281,7 +298,7 @@ mod tests {
         }
         let bytes = builder.into_inner().unwrap();
         // A small buffer, so that data spans many `fill_buf`s.
-        let mut inner = io::BufReader::with_capacity(700, &bytes[..]);
+        let mut inner = crate::source::NoLending(io::BufReader::with_capacity(700, &bytes[..]));
         let source = TarSource::new(&mut inner);
         let mut archive = tar::Archive::new(source.clone());
         let mut seen = Vec::new();
@@ -314,5 +331,66 @@ mod tests {
             seen.push(name);
         }
         assert_eq!(seen, ["a", "b", "c", "d"]);
+    }
+
+    /// Files lent whole as views ([`FileSource::lend_rest`]) are consumed past the tar crate as
+    /// a read would be: the walk finds every header after them, and the views hold the right
+    /// bytes after the source has moved on. A file not within one buffer is not lent.
+    #[test]
+    fn lent_files_keep_the_walk_in_step_and_their_bytes() {
+        let mut builder = tar::Builder::new(Vec::new());
+        let sizes = [3usize, 5000, 1, 900, 70_000, 2000, 0, 4096];
+        for (index, size) in sizes.iter().enumerate() {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(*size as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            let content: Vec<u8> = (0..*size).map(|i| (i % 251) as u8 ^ index as u8).collect();
+            builder
+                .append_data(&mut header, format!("f{index}"), &content[..])
+                .unwrap();
+        }
+        let bytes = builder.into_inner().unwrap();
+        let mut inner = crate::source::SharedReader::with_lender(
+            &bytes[..],
+            8192,
+            crate::source::Lender::new(1 << 20),
+        );
+        let source = TarSource::new(&mut inner);
+        let mut archive = tar::Archive::new(source.clone());
+        let mut lent = Vec::new();
+        let mut walked = 0;
+        for (index, entry) in archive.entries_with_seek().unwrap().enumerate() {
+            let entry = entry.unwrap();
+            let mut data = source
+                .file_data(entry.raw_file_position(), entry.size())
+                .unwrap();
+            match data.lend_rest() {
+                Some(view) => lent.push((index, view)),
+                None => {
+                    let mut content = Vec::new();
+                    data.read_to_end(&mut content).unwrap();
+                    assert_eq!(content.len(), sizes[index]);
+                }
+            }
+            walked += 1;
+        }
+        assert_eq!(walked, sizes.len());
+        // The 70,000-byte file spans buffers of 8 KiB, and the empty one has nothing to lend.
+        assert!(
+            lent.iter()
+                .all(|(index, _)| sizes[*index] != 70_000 && sizes[*index] != 0)
+        );
+        assert!(
+            lent.len() >= 4,
+            "lent: {:?}",
+            lent.iter().map(|l| l.0).collect::<Vec<_>>()
+        );
+        for (index, view) in lent {
+            let expected: Vec<u8> = (0..sizes[index])
+                .map(|i| (i % 251) as u8 ^ index as u8)
+                .collect();
+            assert_eq!(&view[..], &expected[..], "file {index}");
+        }
     }
 }

@@ -18,12 +18,13 @@ mod options;
 mod parallel;
 mod remove;
 mod resolve;
+mod source;
 mod summary;
 mod uring;
 
-pub use backend::{FileMetadata, IoBackend, NewFile, StdBackend, TAR_READ_BUFFER};
+pub use backend::{FileMetadata, FileSource, IoBackend, NewFile, StdBackend, TAR_READ_BUFFER};
 pub use error::ExtractError;
-pub use extract::extract_layer;
+pub use extract::{extract_layer, extract_layer_from};
 pub use filesystem::{
     filesystem_type, in_memory_filesystem, parallel_creation_scales, preallocation_helps,
     recent_deletes_slow_creation, split_creation_helps, spread_new_trees,
@@ -32,6 +33,7 @@ pub use finalize::finalize_tree;
 pub use merge::merge_layer;
 pub use options::{CreateGate, ExtractOptions, IoBackendKind};
 pub use parallel::ParallelBackend;
+pub use source::{LENT_BYTES, LayerSource, Lender, LendingBuffer, SharedReader};
 pub use summary::{
     DeferredHardlink, DirectoryMetadata, LayerSummary, MergeStats, Timestamp, Xattr,
 };

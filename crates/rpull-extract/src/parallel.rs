@@ -4,9 +4,11 @@
 //! Extracting a layer of small files is almost all kernel time in `openat`, `write`, `futimens`
 //! and `close` (90% of the samples of a 150k-file layer, docs/performance.md); tmpfs and ext4 run
 //! those calls from two threads at nearly twice the rate of one, in the same directories or not.
-//! So the extracting thread reads each small file's data into a batch and hands it to a worker;
-//! everything else (directories, symlinks, hardlinks, big files, replacements) stays on the
-//! extracting thread, in tar order.
+//! So the extracting thread puts each small file into a batch and hands it to a worker: its data
+//! as a view of the source's buffer when the source lends it ([`crate::LayerSource`], through
+//! [`crate::extract_layer_from`]: a pull's decoded buffers, a [`crate::SharedReader`]), else
+//! copied into the batch. Everything else (directories, symlinks, hardlinks, big files,
+//! replacements) stays on the extracting thread, in tar order.
 //!
 //! What keeps the result identical to a sequential extraction:
 //!
@@ -39,7 +41,10 @@
 //! Memory: at most [`QUEUED_PER_LAYER`] batches queued in all (split evenly between the workers,
 //! at least 2 each), plus one being filled and one being written per worker, each batch with at
 //! most [`BATCH_BYTES`] of data: about 9 MiB of file data per layer with 2 workers, 10 MiB with
-//! 4. Files above [`MAX_QUEUED_FILE`] are written by the extracting thread.
+//! 4. Data held as views counts toward a batch's bytes as copies do, and keeps whole buffers of
+//! the source alive: a lending source holds at most [`crate::LENT_BYTES`] of them lent at once
+//! (its [`crate::Lender`]) and copies past that. Files above [`MAX_QUEUED_FILE`] are written by
+//! the extracting thread.
 
 use std::collections::HashSet;
 use std::ffi::CStr;
@@ -52,13 +57,14 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
+use bytes::Bytes;
 use rustix::fs::Mode;
 use rustix::io::Errno;
 use tracing::debug;
 
 use crate::backend::{
-    CREATE_FLAGS, DirectBuffer, FileMetadata, IoBackend, NewFile, StdBackend, apply_file_metadata,
-    syscall, write_all,
+    CREATE_FLAGS, DirectBuffer, FileMetadata, FileSource, IoBackend, NewFile, StdBackend,
+    apply_file_metadata, syscall, write_all,
 };
 use crate::error::{ExtractError, entry_path, io_error};
 use crate::metadata::XattrPolicy;
@@ -155,12 +161,19 @@ struct Created {
     _slot: CreatedSlot,
 }
 
-/// One file of a batch: its data, name and entry path are ranges of the batch's buffers.
+/// A queued file's data: a range of its batch's arena (copied there), or a view of the source's
+/// buffer that the source lent ([`crate::FileSource::lend_rest`]).
+enum JobData {
+    Arena((usize, usize)),
+    View(Bytes),
+}
+
+/// One file of a batch: its name and entry path are ranges of the batch's buffers.
 struct Job {
     parent: Arc<OwnedFd>,
     /// The file, when the extracting thread made it ([`ParallelBackend::creating_files_here`]).
     created: Option<Created>,
-    data: (usize, usize),
+    data: JobData,
     /// NUL-terminated.
     name: (usize, usize),
     entry: (usize, usize),
@@ -175,19 +188,26 @@ struct Job {
 struct Batch {
     jobs: Vec<Job>,
     data: Arena,
+    /// Bytes of the batch's files held as views (not in `data`).
+    viewed: usize,
     names: Vec<u8>,
 }
 
 impl Batch {
     /// Whether the batch is ready to send: [`BATCH_FILES`] files, or [`BATCH_BYTES`] of data.
     fn is_full(&self) -> bool {
-        self.jobs.len() >= BATCH_FILES || self.data.len() >= BATCH_BYTES
+        self.jobs.len() >= BATCH_FILES || self.bytes() >= BATCH_BYTES
     }
 
     /// Whether a file of `size` bytes would take the data of this batch, which has files, past
     /// [`BATCH_BYTES`]: it goes into the next one.
     fn has_no_room_for(&self, size: u64) -> bool {
-        !self.jobs.is_empty() && (self.data.len() as u64).saturating_add(size) > BATCH_BYTES as u64
+        !self.jobs.is_empty() && (self.bytes() as u64).saturating_add(size) > BATCH_BYTES as u64
+    }
+
+    /// The batch's file data, copied or viewed.
+    fn bytes(&self) -> usize {
+        self.data.len() + self.viewed
     }
 }
 
@@ -533,6 +553,7 @@ impl ParallelBackend {
         let mut fresh = self.spare.try_recv().unwrap_or_default();
         fresh.jobs.clear();
         fresh.data.clear();
+        fresh.viewed = 0;
         fresh.names.clear();
         let worker = &mut self.workers[index];
         let batch = std::mem::replace(&mut worker.batch, fresh);
@@ -560,7 +581,7 @@ impl ParallelBackend {
         &mut self,
         index: usize,
         file: &NewFile<'_>,
-        data: &mut dyn Read,
+        data: &mut dyn FileSource,
         spill: &mut Vec<u8>,
         slot: Option<CreatedSlot>,
     ) -> Result<Option<u64>, ExtractError> {
@@ -569,18 +590,33 @@ impl ParallelBackend {
         }
         let batch = &mut self.workers[index].batch;
         let start = batch.data.len();
-        let read = batch
-            .data
-            .read_at_most(data, MAX_QUEUED_FILE as usize + 1)
-            .map_err(|source| ExtractError::Tar {
-                entry: entry_path(file.entry),
-                source,
-            })?;
-        if read > MAX_QUEUED_FILE as usize {
-            spill.extend_from_slice(batch.data.get((start, batch.data.len())));
-            batch.data.truncate(start);
-            return Ok(None);
-        }
+        // A view when the source lends the file whole, else a copy into the batch's arena.
+        let lent = if file.size > 0 {
+            data.lend_rest()
+        } else {
+            None
+        };
+        let (job_data, read) = match lent {
+            Some(view) => {
+                let len = view.len();
+                (JobData::View(view), len)
+            }
+            None => {
+                let read = batch
+                    .data
+                    .read_at_most(data, MAX_QUEUED_FILE as usize + 1)
+                    .map_err(|source| ExtractError::Tar {
+                        entry: entry_path(file.entry),
+                        source,
+                    })?;
+                if read > MAX_QUEUED_FILE as usize {
+                    spill.extend_from_slice(batch.data.get((start, batch.data.len())));
+                    batch.data.truncate(start);
+                    return Ok(None);
+                }
+                (JobData::Arena((start, batch.data.len())), read)
+            }
+        };
         let created = match slot {
             Some(slot) => {
                 match create_file(file.parent.as_fd(), file.name, file.create_mode, file.entry) {
@@ -593,6 +629,9 @@ impl ParallelBackend {
             }
             None => None,
         };
+        if let JobData::View(view) = &job_data {
+            batch.viewed += view.len();
+        }
         let name_start = batch.names.len();
         batch.names.extend_from_slice(file.name.to_bytes_with_nul());
         let entry_start = batch.names.len();
@@ -600,7 +639,7 @@ impl ParallelBackend {
         batch.jobs.push(Job {
             parent: Arc::clone(file.parent),
             created,
-            data: (start, batch.data.len()),
+            data: job_data,
             name: (name_start, entry_start),
             entry: (entry_start, batch.names.len()),
             create_mode: file.create_mode,
@@ -629,6 +668,14 @@ impl IoBackend for ParallelBackend {
         &mut self,
         file: &NewFile<'_>,
         data: &mut dyn BufRead,
+    ) -> Result<u64, ExtractError> {
+        self.write_file_from(file, &mut crate::source::NoLending(data))
+    }
+
+    fn write_file_from(
+        &mut self,
+        file: &NewFile<'_>,
+        data: &mut dyn FileSource,
     ) -> Result<u64, ExtractError> {
         self.check()?;
         let directory = self
@@ -814,7 +861,11 @@ fn write_job(
             made.as_fd()
         }
     };
-    write_all(fd, batch.data.get(job.data)).map_err(|errno| io_error(entry, "writing", errno))?;
+    let data = match &job.data {
+        JobData::Arena(range) => batch.data.get(*range),
+        JobData::View(view) => view,
+    };
+    write_all(fd, data).map_err(|errno| io_error(entry, "writing", errno))?;
     let metadata = FileMetadata {
         mode: job.mode,
         owner: job.owner,

@@ -1054,8 +1054,13 @@ mod tests {
         // mkdir (EEXIST), unlink the file, mkdir
         entry(&mut base, Directory, "a/h", None, b"");
         let base = base.into_inner().unwrap();
-        let summary =
-            crate::extract::extract_with(&base[..], &root, &options, &mut backend).unwrap();
+        let summary = crate::extract::extract_with(
+            &mut crate::source::NoLending(&base[..]),
+            &root,
+            &options,
+            &mut backend,
+        )
+        .unwrap();
         assert_eq!(backend.ring_namespace_ops(), 8);
         assert_eq!(summary.files, 3);
         assert_eq!(fs::read_link(root.join("a/s")).unwrap(), Path::new("f"));
@@ -1070,8 +1075,13 @@ mod tests {
         entry(&mut layer, Link, "keep-link", Some("keep"), b""); // deferred to the merge
         let layer = layer.into_inner().unwrap();
         let mut backend = UringBackend::new(false).unwrap();
-        let summary =
-            crate::extract::extract_with(&layer[..], &staged, &options, &mut backend).unwrap();
+        let summary = crate::extract::extract_with(
+            &mut crate::source::NoLending(&layer[..]),
+            &staged,
+            &options,
+            &mut backend,
+        )
+        .unwrap();
         // mkdir b, b/c, new (implicit parents in the staging directory)
         assert_eq!(backend.ring_namespace_ops(), 3);
         assert_eq!(summary.deferred_hardlinks.len(), 1);

@@ -10,7 +10,10 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use common::{Layer, Sandbox, is_root};
-use rpull_extract::{ExtractError, ExtractOptions, IoBackendKind, extract_layer};
+use rpull_extract::{
+    ExtractError, ExtractOptions, IoBackendKind, LENT_BYTES, Lender, SharedReader, extract_layer,
+    extract_layer_from,
+};
 use tar::EntryType;
 
 /// Everything observable about one entry of a tree.
@@ -237,6 +240,16 @@ fn apply(
     write_threads: usize,
     create_on_extracting_thread: bool,
 ) -> (Sandbox, Vec<Node>) {
+    apply_lending(backend, write_threads, create_on_extracting_thread, None)
+}
+
+/// [`apply`], the layers read through a `SharedReader` of `buffer`-byte buffers when given.
+fn apply_lending(
+    backend: IoBackendKind,
+    write_threads: usize,
+    create_on_extracting_thread: bool,
+    buffer: Option<usize>,
+) -> (Sandbox, Vec<Node>) {
     let sandbox = Sandbox::new();
     let options = ExtractOptions {
         backend,
@@ -244,7 +257,7 @@ fn apply(
         create_on_extracting_thread: Some(create_on_extracting_thread),
         ..ExtractOptions::for_current_user()
     };
-    sandbox.apply(&layers(), &options).unwrap();
+    sandbox.apply_lending(&layers(), &options, buffer).unwrap();
     let snapshot = full_snapshot(&sandbox.root);
     (sandbox, snapshot)
 }
@@ -259,6 +272,22 @@ fn std_parallel_and_uring_give_identical_trees() {
         "made on the extracting thread",
         apply(IoBackendKind::Std, 1, true),
     ));
+    // Small files lent as views of the source's buffers: buffers smaller than many files (which
+    // are then copied), and as big as a pull's decoded buffers.
+    for buffer in [4096, 256 << 10] {
+        others.push((
+            "parallel x2, lent",
+            apply_lending(IoBackendKind::Std, 2, false, Some(buffer)),
+        ));
+        others.push((
+            "made on the extracting thread, lent",
+            apply_lending(IoBackendKind::Std, 1, true, Some(buffer)),
+        ));
+        others.push((
+            "std, from a lending source",
+            apply_lending(IoBackendKind::Std, 1, false, Some(buffer)),
+        ));
+    }
     match IoBackendKind::Uring.resolve() {
         (IoBackendKind::Std, Some(reason)) => {
             eprintln!("skipping the uring tree: io_uring unavailable: {reason}")
@@ -320,6 +349,44 @@ fn std_parallel_and_uring_give_identical_trees() {
             (find("data/d02/f001").uid, find("data/d02/f001").gid),
             (1234, 5678)
         );
+    }
+}
+
+/// The write threads keep views of a lending source's buffers instead of copying small files'
+/// data (every buffer given back once the layer is extracted, and the files right); the std
+/// backend, which writes each file as it comes, borrows none.
+#[test]
+fn write_threads_borrow_the_sources_buffers() {
+    let layer = Layer::new()
+        .dir("data", 0o755)
+        .files_in("data", 300)
+        .bytes();
+    for (write_threads, create_here, borrows) in
+        [(2, false, true), (1, true, true), (1, false, false)]
+    {
+        let sandbox = Sandbox::new();
+        let options = ExtractOptions {
+            backend: IoBackendKind::Std,
+            write_threads,
+            create_on_extracting_thread: Some(create_here),
+            ..ExtractOptions::for_current_user()
+        };
+        let mut source =
+            SharedReader::with_lender(layer.as_slice(), 64 << 10, Lender::new(LENT_BYTES));
+        let lender = std::sync::Arc::clone(source.lender());
+        extract_layer_from(&mut source, &sandbox.root, &options).unwrap();
+        drop(source);
+        let case = format!("{write_threads} write threads, made here: {create_here}");
+        assert_eq!(lender.out(), 0, "{case}");
+        assert_eq!(lender.lent_in_all() > 0, borrows, "{case}");
+        for index in [0, 1, 150, 299] {
+            let content = format!("data file {index}\n").repeat(index % 7 + 1);
+            assert_eq!(
+                fs::read(sandbox.root.join(format!("data/f{index:03}"))).unwrap(),
+                content.as_bytes(),
+                "{case}"
+            );
+        }
     }
 }
 

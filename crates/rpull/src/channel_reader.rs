@@ -149,6 +149,15 @@ impl<R: BufRead> BufRead for CountingReader<R> {
     }
 }
 
+/// Bytes lent are consumed, and counted as such.
+impl<R: rpull_extract::LayerSource> rpull_extract::LayerSource for CountingReader<R> {
+    fn lend(&mut self, len: usize) -> Option<bytes::Bytes> {
+        let view = self.inner.lend(len)?;
+        self.counted(len);
+        Some(view)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -261,6 +261,17 @@ impl BufRead for LayerDecoding<'_, '_> {
     }
 }
 
+/// Lends the decoded buffers of a decode thread; the inline decoder's buffer is refilled in
+/// place, so it lends nothing.
+impl rpull_extract::LayerSource for LayerDecoding<'_, '_> {
+    fn lend(&mut self, len: usize) -> Option<bytes::Bytes> {
+        match &mut self.source {
+            Source::Thread { reader, .. } => reader.lend(len),
+            Source::Inline(_) | Source::Gone => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{BufReader, Write};

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use rpull_decompress::Codec;
 use rpull_extract::{
-    CreateGate, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
+    CreateGate, ExtractOptions, LayerSummary, extract_layer_from, finalize_tree, merge_layer,
 };
 use rpull_registry::{BackgroundVerifier, Descriptor, RangeBudget, Reference};
 use tokio::runtime::Handle;
@@ -672,7 +672,7 @@ fn extract_worker(
         let mut decoding = LayerDecoding::new(scope, decoder, consumed);
 
         let mut tar = CountingReader::new(&mut decoding, writeback);
-        let extracted = extract_layer(&mut tar, target, options).map(|summary| {
+        let extracted = extract_layer_from(&mut tar, target, options).map(|summary| {
             // End-of-archive padding and anything after it: the decoder must reach its end
             // (and check the gzip CRC) before the layer counts as extracted.
             let rest = io::copy(&mut tar, &mut io::sink());

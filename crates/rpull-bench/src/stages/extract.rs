@@ -3,13 +3,12 @@
 //! filesystem, run by run, as the reference for the many-small-files target.
 
 use std::collections::VecDeque;
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use rpull_extract::{
-    CreateGate, ExtractOptions, LayerSummary, extract_layer, finalize_tree, merge_layer,
+    CreateGate, ExtractOptions, LayerSummary, extract_layer_from, finalize_tree, merge_layer,
 };
 
 use super::{CachePolicy, LocalLayer, LocalLayers, Meter, check_runs, stage_result};
@@ -316,8 +315,9 @@ pub fn apply_layers(
             Ok(scope.spawn(move || {
                 let file = fs_err::File::open(&layer.tar)
                     .map_err(|e| BenchError::io("opening", &layer.tar, e))?;
-                let summary = extract_layer(
-                    BufReader::with_capacity(rpull_extract::TAR_READ_BUFFER, file),
+                // Lending its buffers to the write threads, as a pull's decoded buffers are.
+                let summary = extract_layer_from(
+                    &mut rpull_extract::SharedReader::new(file, rpull_extract::TAR_READ_BUFFER),
                     &target,
                     options,
                 )

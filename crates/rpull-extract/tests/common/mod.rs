@@ -236,6 +236,17 @@ impl Sandbox {
         layers: &[Vec<u8>],
         options: &ExtractOptions,
     ) -> Result<Vec<LayerSummary>, ExtractError> {
+        self.apply_lending(layers, options, None)
+    }
+
+    /// [`apply`](Self::apply), each layer read through a [`rpull_extract::SharedReader`] of
+    /// `buffer`-byte buffers when given (its small files lent to the write threads as views).
+    pub fn apply_lending(
+        &self,
+        layers: &[Vec<u8>],
+        options: &ExtractOptions,
+        buffer: Option<usize>,
+    ) -> Result<Vec<LayerSummary>, ExtractError> {
         let staging: Vec<PathBuf> = (1..layers.len()).map(|layer| self.staging(layer)).collect();
         let results: Vec<Result<LayerSummary, ExtractError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = layers
@@ -247,7 +258,24 @@ impl Sandbox {
                     } else {
                         staging[index - 1].clone()
                     };
-                    scope.spawn(move || extract_layer(layer.as_slice(), &target, options))
+                    scope.spawn(move || match buffer {
+                        None => extract_layer(layer.as_slice(), &target, options),
+                        Some(size) => {
+                            let mut source = rpull_extract::SharedReader::with_lender(
+                                layer.as_slice(),
+                                size,
+                                rpull_extract::Lender::new(rpull_extract::LENT_BYTES),
+                            );
+                            let lender = std::sync::Arc::clone(source.lender());
+                            let summary =
+                                rpull_extract::extract_layer_from(&mut source, &target, options);
+                            // Every view is dropped once the layer is extracted: with the
+                            // reader, nothing is lent any more.
+                            drop(source);
+                            assert_eq!(lender.out(), 0, "buffers still lent");
+                            summary
+                        }
+                    })
                 })
                 .collect();
             handles
