@@ -1044,6 +1044,16 @@ mod tests {
             ..ExtractOptions::default()
         };
 
+        // A layer's bytes extracted with `backend` (a source that lends nothing).
+        let extract = |layer: &[u8], target: &Path, backend: &mut UringBackend| {
+            crate::extract::extract_with(
+                &mut crate::source::NoLending(layer),
+                target,
+                &options,
+                backend,
+            )
+            .unwrap()
+        };
         let mut base = tar::Builder::new(Vec::new());
         entry(&mut base, Directory, "a", None, b""); // mkdir
         entry(&mut base, Regular, "a/f", None, b"file");
@@ -1054,13 +1064,7 @@ mod tests {
         // mkdir (EEXIST), unlink the file, mkdir
         entry(&mut base, Directory, "a/h", None, b"");
         let base = base.into_inner().unwrap();
-        let summary = crate::extract::extract_with(
-            &mut crate::source::NoLending(&base[..]),
-            &root,
-            &options,
-            &mut backend,
-        )
-        .unwrap();
+        let summary = extract(&base, &root, &mut backend);
         assert_eq!(backend.ring_namespace_ops(), 8);
         assert_eq!(summary.files, 3);
         assert_eq!(fs::read_link(root.join("a/s")).unwrap(), Path::new("f"));
@@ -1075,13 +1079,7 @@ mod tests {
         entry(&mut layer, Link, "keep-link", Some("keep"), b""); // deferred to the merge
         let layer = layer.into_inner().unwrap();
         let mut backend = UringBackend::new(false).unwrap();
-        let summary = crate::extract::extract_with(
-            &mut crate::source::NoLending(&layer[..]),
-            &staged,
-            &options,
-            &mut backend,
-        )
-        .unwrap();
+        let summary = extract(&layer, &staged, &mut backend);
         // mkdir b, b/c, new (implicit parents in the staging directory)
         assert_eq!(backend.ring_namespace_ops(), 3);
         assert_eq!(summary.deferred_hardlinks.len(), 1);
