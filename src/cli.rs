@@ -151,9 +151,11 @@ pub struct PullArgs {
     /// kernel allows it, std otherwise).
     #[arg(long = "io", value_enum, default_value_t = IoArg::Std)]
     pub io: IoArg,
-    /// Threads per layer that create and write its small files (std backend), while the layer's
-    /// tar is parsed and everything else is applied in order; 1 writes them on the extracting
-    /// thread (on ext4 without a journal: makes them there and writes them on one thread).
+    /// Threads per layer that create and write its small files (std backend), the extracting
+    /// thread among them, which parses the layer's tar, applies everything else in order and
+    /// writes a batch of small files itself whenever the other threads' queue is full; 1 writes
+    /// them on the extracting thread (on ext4 without a journal: makes them there and writes them
+    /// on one thread).
     /// Default: one per core (at most 4) on tmpfs and on ext4 with a journal, 1 on other file
     /// systems (measured: docs/performance.md).
     #[arg(long, value_name = "N")]

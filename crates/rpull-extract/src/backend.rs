@@ -701,9 +701,9 @@ pub(crate) fn apply_file_metadata(
 
 /// The backend for `kind`; `Auto` falls back to std (with a `debug!` line saying why) when
 /// io_uring is unavailable, while an explicit `Uring` fails. Std with `write_threads > 1` into an
-/// empty `target` is a [`ParallelBackend`], and so is std with one write thread and
-/// `create_here` (which then makes the files on the extracting thread:
-/// [`ParallelBackend::creating_files_here`]). Each preallocates big files where
+/// empty `target` is a [`ParallelBackend`] with `write_threads - 1` workers (the extracting
+/// thread writes too), and so is std with one write thread and `create_here` (one worker, which
+/// writes the files the extracting thread makes: [`ParallelBackend::creating_files_here`]). Each preallocates big files where
 /// [`preallocation_helps`](crate::preallocation_helps) on `target`'s file system, and the std
 /// ones write them with `O_DIRECT` when `direct`
 /// ([`ExtractOptions::direct_writes_into`](crate::ExtractOptions::direct_writes_into)).
@@ -751,7 +751,9 @@ pub(crate) fn new_backend(
             }
             let create_here = create_here && write_threads <= 1;
             if (write_threads > 1 || create_here) && is_empty_dir(target) {
-                match ParallelBackend::new(write_threads, chown) {
+                // The extracting thread is one of the `write_threads`: it writes batches too
+                // when the write threads' queue is full.
+                match ParallelBackend::new(write_threads.saturating_sub(1).max(1), chown) {
                     Ok(backend) => {
                         return Ok(Box::new(
                             backend

@@ -97,7 +97,19 @@ pub(crate) fn extract_runs(
     } else {
         "their inodes made at once"
     };
+    // The extracting thread counts among the write threads (`ExtractOptions::write_threads`).
     let threads = options.write_threads_for(&target.base);
+    let writers = if options.creates_on_extracting_thread(&target.base) {
+        "1 write thread per layer".to_owned()
+    } else if threads <= 1 {
+        "small files written on the extracting thread".to_owned()
+    } else {
+        format!(
+            "{} write thread{} per layer sharing the small files with the extracting thread",
+            threads - 1,
+            if threads == 2 { "" } else { "s" }
+        )
+    };
     // As a pull with the default `--fsync auto`, which syncs on a disk: files of 8 MiB and more
     // written past the page cache where that is done (ext4).
     let options = &ExtractOptions {
@@ -112,14 +124,13 @@ pub(crate) fn extract_runs(
     };
     let description = format!(
         "{} layer tars ({} bytes, {} entries) read from {} and applied into {}: layer 0 into the root, the others staged in \
-         parallel ({creation}, {threads} write thread{} per layer{direct}, as a pull does there) and merged in order, then \
+         parallel ({creation}, {writers}{direct}, as a pull does there) and merged in order, then \
          finalized (chown {}); syncfs timed apart",
         layers.layers.len(),
         layers.tar_bytes(),
         layers.entries(),
         describe_location(&layers.dir),
         describe_location(&target.base),
-        if threads == 1 { "" } else { "s" },
         if options.chown { "on" } else { "off" },
     );
     let mut notes = Vec::new();

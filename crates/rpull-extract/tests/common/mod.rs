@@ -399,8 +399,8 @@ thread_local! {
         const { Cell::new((IoBackendKind::Std, 1, Some(false))) };
 }
 
-/// Write threads of the `parallel` variant: more than the cores of a CI machine, so that workers
-/// really overlap and get descheduled mid-batch.
+/// Write threads of the `parallel` variant (the extracting thread and two workers): more than the
+/// cores of a CI machine, so that workers really overlap and get descheduled mid-batch.
 pub const PARALLEL_THREADS: usize = 3;
 
 /// Runs `test` with [`options`] and [`plain_options`] selecting `backend`, `write_threads` and
