@@ -1367,20 +1367,39 @@ mod tests {
     /// A file of 200 kB is a batch of its own (a second would take it past BATCH_BYTES).
     const OWN_BATCH: usize = 200_000;
 
-    #[test]
-    fn a_full_queue_is_written_by_the_extracting_thread() {
+    /// A directory, its descriptor and a backend of one worker, held until another thread
+    /// resumes it `millis` from now (the handle of that thread).
+    fn held_backend(
+        millis: u64,
+    ) -> (
+        tempfile::TempDir,
+        Arc<OwnedFd>,
+        ParallelBackend,
+        std::thread::JoinHandle<()>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let parent = open_dir(dir.path());
-        let mut backend = ParallelBackend::new(1, false).unwrap();
+        let backend = ParallelBackend::new(1, false).unwrap();
         backend.shared.pause.set(true);
+        let resume = resume_later(&backend, millis);
+        (dir, parent, backend, resume)
+    }
+
+    /// Files `f0` to `f{count - 1}`, each a batch of its own, of bytes of their index.
+    fn write_batches(backend: &mut ParallelBackend, parent: &Arc<OwnedFd>, count: usize) {
+        for index in 0..count {
+            let name = std::ffi::CString::new(format!("f{index}")).unwrap();
+            write(backend, parent, &name, &vec![index as u8; OWN_BATCH]).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_full_queue_is_written_by_the_extracting_thread() {
         // Were the queue's last batches waited for, the worker would be resumed first.
-        let resume = resume_later(&backend, 2000);
+        let (dir, parent, mut backend, resume) = held_backend(2000);
         // One batch taken by the held worker, QUEUED_PER_LAYER queued, and more.
         let files = QUEUED_PER_LAYER + 8;
-        for index in 0..files {
-            let name = std::ffi::CString::new(format!("f{index}")).unwrap();
-            write(&mut backend, &parent, &name, &vec![index as u8; OWN_BATCH]).unwrap();
-        }
+        write_batches(&mut backend, &parent, files);
         // The worker holds the first batches; the last ones (sent when the next file came) were
         // written here, whole, with their metadata.
         assert!(!dir.path().join("f0").exists());
@@ -1406,17 +1425,10 @@ mod tests {
 
     #[test]
     fn a_batch_with_a_name_still_queued_waits_for_its_worker() {
-        let dir = tempfile::tempdir().unwrap();
-        let parent = open_dir(dir.path());
-        let mut backend = ParallelBackend::new(1, false).unwrap();
-        backend.shared.pause.set(true);
         // Long after the writes below that go through, which take a few milliseconds.
-        let resume = resume_later(&backend, 1000);
+        let (dir, parent, mut backend, resume) = held_backend(1000);
         write(&mut backend, &parent, c"same", &[1; OWN_BATCH]).unwrap();
-        for index in 0..QUEUED_PER_LAYER + 4 {
-            let name = std::ffi::CString::new(format!("f{index}")).unwrap();
-            write(&mut backend, &parent, &name, &[2; OWN_BATCH]).unwrap();
-        }
+        write_batches(&mut backend, &parent, QUEUED_PER_LAYER + 4);
         assert!(backend.written_here > 0);
         // The queue is full, and this batch holds a name that the held worker has not written
         // yet: it waits for room instead of being written here, before the earlier entry.
@@ -1431,17 +1443,10 @@ mod tests {
 
     #[test]
     fn a_failure_written_here_waits_for_the_workers_earlier_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let parent = open_dir(dir.path());
-        let mut backend = ParallelBackend::new(1, false).unwrap();
-        backend.shared.pause.set(true);
-        let resume = resume_later(&backend, 1000);
+        let (_dir, parent, mut backend, resume) = held_backend(1000);
         let first = std::ffi::CString::new("a".repeat(300)).unwrap();
         write(&mut backend, &parent, &first, &[1; OWN_BATCH]).unwrap();
-        for index in 0..QUEUED_PER_LAYER + 1 {
-            let name = std::ffi::CString::new(format!("f{index}")).unwrap();
-            write(&mut backend, &parent, &name, &[2; OWN_BATCH]).unwrap();
-        }
+        write_batches(&mut backend, &parent, QUEUED_PER_LAYER + 1);
         // Written here (the queue is full), failing while the worker still holds the first.
         let second = std::ffi::CString::new("b".repeat(300)).unwrap();
         write(&mut backend, &parent, &second, &[3; OWN_BATCH]).unwrap();
