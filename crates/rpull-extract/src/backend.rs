@@ -703,9 +703,9 @@ pub(crate) fn apply_file_metadata(
 /// io_uring is unavailable, while an explicit `Uring` fails. Std with `write_threads > 1` into an
 /// empty `target` is a [`ParallelBackend`] with `write_threads - 1` workers (the extracting
 /// thread writes too), and so is std with one write thread and `create_here` (one worker, which
-/// writes the files the extracting thread makes: [`ParallelBackend::creating_files_here`]). Each preallocates big files where
-/// [`preallocation_helps`](crate::preallocation_helps) on `target`'s file system, and the std
-/// ones write them with `O_DIRECT` when `direct`
+/// writes the files the extracting thread makes: [`ParallelBackend::creating_files_here`]).
+/// Each preallocates big files where [`preallocation_helps`](crate::preallocation_helps) on
+/// `target`'s file system, and the std ones write them with `O_DIRECT` when `direct`
 /// ([`ExtractOptions::direct_writes_into`](crate::ExtractOptions::direct_writes_into)).
 pub(crate) fn new_backend(
     kind: IoBackendKind,

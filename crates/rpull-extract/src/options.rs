@@ -175,8 +175,9 @@ impl ExtractOptions {
     /// scans for inodes not deleted recently (`recently_deleted`, `find_inode_bit`), and two
     /// threads contend there. Counting the extracting thread among them: on 2 cores one write
     /// thread sharing the files with the extracting thread extracted a 150k-file layer 7% faster
-    /// into tmpfs and 12% faster into ext4 with a journal than two write threads with the
-    /// extracting thread waiting for them (session 52).
+    /// into tmpfs (10 alternating rounds) than two write threads with the extracting thread
+    /// waiting for them, and a scratch build of it 12% faster into ext4 with a journal (6 rounds;
+    /// session 52, docs/performance.md).
     pub fn write_threads_for(&self, target: &std::path::Path) -> usize {
         if self.write_threads > 0 {
             return self.write_threads;

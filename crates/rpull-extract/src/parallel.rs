@@ -592,10 +592,9 @@ impl ParallelBackend {
         if self.workers[index].batch.jobs.is_empty() {
             return Ok(());
         }
-        let mut fresh = self.spare.try_recv().unwrap_or_default();
-        fresh.clear();
         let worker = &mut self.workers[index];
-        let batch = std::mem::replace(&mut worker.batch, fresh);
+        // An empty batch (no allocation) until the sent one's place is taken by a recycled one.
+        let batch = std::mem::take(&mut worker.batch);
         let Some(sender) = worker.sender.as_ref() else {
             return self.worker_gone();
         };
@@ -604,7 +603,7 @@ impl ParallelBackend {
         } else {
             match sender.try_send(Message::Batch(batch)) {
                 Ok(()) => {
-                    self.sent += 1;
+                    self.sent_from(index);
                     return Ok(());
                 }
                 Err(TrySendError::Full(Message::Batch(batch))) => {
@@ -616,8 +615,16 @@ impl ParallelBackend {
         if sender.send(message).is_err() {
             return self.worker_gone();
         }
-        self.sent += 1;
+        self.sent_from(index);
         Ok(())
+    }
+
+    /// Counts worker `index`'s batch as sent and gives the worker a recycled one to fill next.
+    fn sent_from(&mut self, index: usize) {
+        self.sent += 1;
+        let mut fresh = self.spare.try_recv().unwrap_or_default();
+        fresh.clear();
+        self.workers[index].batch = fresh;
     }
 
     /// Writes `batch` (worker `index`'s, whose queue is full) on this thread. On an error, waits
@@ -626,13 +633,9 @@ impl ParallelBackend {
     fn write_here(&mut self, index: usize, mut batch: Batch) -> Result<(), ExtractError> {
         self.written_here += 1;
         let result = batch.write(&self.shared, &mut self.xattrs);
+        // The worker's next batch to fill, its buffers reused.
         batch.clear();
-        // Kept as the worker's next batch when that is still empty (it is: `send` just replaced
-        // it with a fresh one), so its buffers are reused.
-        let next = &mut self.workers[index].batch;
-        if next.jobs.is_empty() {
-            *next = batch;
-        }
+        self.workers[index].batch = batch;
         if let Err(error) = result {
             self.drain();
             self.shared.fail(error);
