@@ -53,8 +53,8 @@
 //!
 //! Memory: at most [`QUEUED_PER_LAYER`] batches queued in all (split evenly between the workers,
 //! at least 2 each), plus one being filled and one being written per worker, each batch with at
-//! most [`BATCH_BYTES`] of data: about 9 MiB of file data per layer with 2 workers, 10 MiB with
-//! 4. Data held as views counts toward a batch's bytes as copies do, and keeps whole buffers of
+//! most [`BATCH_BYTES`] of data: about 3 MiB of file data per layer with 1 or 2 workers, 4 MiB
+//! with 4. Data held as views counts toward a batch's bytes as copies do, and keeps whole buffers of
 //! the source alive: a lending source holds at most [`crate::LENT_BYTES`] of them lent at once
 //! (its [`crate::Lender`]) and copies past that. Files above [`MAX_QUEUED_FILE`] are written by
 //! the extracting thread.
@@ -81,6 +81,7 @@ use crate::backend::{
 };
 use crate::error::{ExtractError, entry_path, io_error};
 use crate::metadata::XattrPolicy;
+use crate::source::LENT_BYTES;
 use crate::summary::{Timestamp, Xattr};
 
 /// Files up to this size go to the workers; bigger ones are written by the extracting thread
@@ -92,18 +93,26 @@ const BATCH_BYTES: usize = 256 * 1024;
 const _: () = assert!(MAX_QUEUED_FILE as usize <= BATCH_BYTES);
 /// ... or when it holds this many files.
 const BATCH_FILES: usize = 128;
-/// Batches queued for the workers of one layer before the extracting thread waits, split evenly
-/// between them ([`queued_per_worker`]).
+/// Batches queued for the workers of one layer, split evenly between them
+/// ([`queued_per_worker`]); past that the extracting thread writes a batch itself.
 ///
-/// What is queued must outlast the extracting thread's waits for a core (the likely cause, from
-/// `perf sched latency`: with every core busy writing, it waited 0.9 ms on average to run after a
-/// wake-up, up to 3.7 ms). On tmpfs a batch of 128 small files is about 1.4 ms of a worker's
-/// work. With 2 batches of up to 1 MiB per worker (the values before), a 150k-file extraction on
-/// 2 cores left them idle twice as long as with 16 batches of 256 KiB (0.15 against 0.075 CPU-s, medians; docs/performance.md, "What
-/// changed"). File data queued stays about where it was: batches of 256 KiB instead of 1 MiB, and
-/// a count shared by the layer's workers instead of multiplied by them (8 MiB per layer with 2
-/// workers before, 16 MiB with 4).
-const QUEUED_PER_LAYER: usize = 32;
+/// What is queued must outlast the extracting thread's waits for a core (from `perf sched
+/// latency`: with every core busy writing, it waited 0.9 ms on average to run after a wake-up, up
+/// to 3.7 ms). On tmpfs a batch of 128 small files is about 1.4 ms of a worker's work, so 8
+/// batches are about 11 ms of it.
+///
+/// The queued batches' views must also stay well within the source's [`LENT_BYTES`]: each keeps
+/// its source buffers lent, and past that budget the source stops lending and every file is copied
+/// into its batch. With 32 batches (sessions 38-52) the queue, kept full since the extracting
+/// thread writes only when it is full, held about the whole budget of 8 MiB, and 40% of a 150k-file
+/// layer's files were copied; with 8, only the files that straddle two buffers are (2.5k). Measured
+/// on 2 cores (docs/performance.md, "What changed", session 53): that extraction into /dev/shm took
+/// 34 ms less (paired median of 16 alternating rounds, 13 of them faster) and 51 ms less CPU.
+const QUEUED_PER_LAYER: usize = 8;
+/// The views of every batch held at once (the queued ones, and one being filled and one being
+/// written per worker, for up to 4 workers, the default's most) fit in the lending budget even
+/// with each batch's data in two of the source's buffers of 256 KiB.
+const _: () = assert!((QUEUED_PER_LAYER + 2 * 4) * 2 * BATCH_BYTES <= LENT_BYTES);
 
 /// Batches queued per worker when a layer has `threads` of them.
 fn queued_per_worker(threads: usize) -> usize {
@@ -377,10 +386,11 @@ pub struct ParallelBackend {
     budget: &'static OpenBudget,
     /// The extracting thread's xattr policy for the batches it writes itself.
     xattrs: XattrPolicy,
-    /// Batches written by the extracting thread, and sent to workers (for the debug line at the
-    /// end).
+    /// Batches written by the extracting thread, and sent to workers, and files copied into a
+    /// batch instead of lent as a view (for the debug line at the end).
     written_here: usize,
     sent: usize,
+    copied: usize,
 }
 
 impl fmt::Debug for ParallelBackend {
@@ -469,6 +479,7 @@ impl ParallelBackend {
             xattrs: XattrPolicy::new(chown),
             written_here: 0,
             sent: 0,
+            copied: 0,
         })
     }
 
@@ -701,6 +712,7 @@ impl ParallelBackend {
                 (JobData::View(view), len)
             }
             None => {
+                self.copied += usize::from(file.size > 0);
                 let read = batch
                     .data
                     .read_at_most(data, MAX_QUEUED_FILE as usize + 1)
@@ -884,6 +896,7 @@ impl Drop for ParallelBackend {
             debug!(
                 batches_sent = self.sent,
                 batches_written_here = self.written_here,
+                files_copied = self.copied,
                 "small files written"
             );
         }
@@ -1423,6 +1436,98 @@ mod tests {
         for index in 0..files {
             let written = std::fs::read(dir.path().join(format!("f{index}"))).unwrap();
             assert_eq!(written, vec![index as u8; OWN_BATCH], "f{index}");
+        }
+    }
+
+    /// One file's data in a lending source's buffer, as a layer's `FileData` gives it.
+    struct LentFile<'a> {
+        buffer: &'a mut crate::source::LendingBuffer,
+        left: usize,
+    }
+
+    impl Read for LentFile<'_> {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            let available = self.fill_buf()?;
+            let count = available.len().min(out.len());
+            out[..count].copy_from_slice(&available[..count]);
+            self.consume(count);
+            Ok(count)
+        }
+    }
+
+    impl BufRead for LentFile<'_> {
+        fn fill_buf(&mut self) -> io::Result<&[u8]> {
+            let available = self.buffer.available();
+            Ok(&available[..self.left.min(available.len())])
+        }
+
+        fn consume(&mut self, count: usize) {
+            self.buffer.consume(count);
+            self.left -= count;
+        }
+    }
+
+    impl FileSource for LentFile<'_> {
+        fn lend_rest(&mut self) -> Option<bytes::Bytes> {
+            let view = self.buffer.lend(self.left)?;
+            self.left = 0;
+            Some(view)
+        }
+    }
+
+    #[test]
+    fn a_full_queue_still_takes_lent_files_as_views() {
+        // Files of 4 KiB from a source of 256 KiB buffers lending at most LENT_BYTES, as the
+        // pull's decoded buffers do: each buffer is one batch. The worker is held, so its batch,
+        // the queued ones and the one being filled keep their buffers lent all along, and the
+        // extracting thread writes the rest. All of them must fit in the lender's budget: past
+        // it the source stops lending and every file is copied into its batch.
+        const SIZE: usize = 4096;
+        const PER_BUFFER: usize = BATCH_BYTES / SIZE;
+        let (dir, parent, mut backend, resume) = held_backend(2000);
+        let mut buffer = crate::source::LendingBuffer::new(crate::source::Lender::new(LENT_BYTES));
+        let files = (QUEUED_PER_LAYER + 8) * PER_BUFFER;
+        for index in 0..files {
+            if buffer.available().is_empty() {
+                // The next buffer holds the next PER_BUFFER files, each of bytes of its index.
+                let mut bytes = buffer.take_back().unwrap_or_default();
+                bytes.clear();
+                for file in index..index + PER_BUFFER {
+                    bytes.resize(bytes.len() + SIZE, file as u8);
+                }
+                buffer.replace(bytes, BATCH_BYTES);
+            }
+            let name = std::ffi::CString::new(format!("f{index}")).unwrap();
+            let file = NewFile {
+                parent: &parent,
+                name: &name,
+                entry: name.to_bytes(),
+                size: SIZE as u64,
+                create_mode: 0o644,
+                metadata: FileMetadata {
+                    mode: None,
+                    owner: None,
+                    mtime: Timestamp {
+                        seconds: 1_600_000_000,
+                        nanoseconds: 5,
+                    },
+                    xattrs: &[],
+                },
+            };
+            let mut data = LentFile {
+                buffer: &mut buffer,
+                left: SIZE,
+            };
+            backend.write_file_from(&file, &mut data).unwrap();
+        }
+        assert!(backend.written_here >= 5, "{}", backend.written_here);
+        assert_eq!(backend.copied, 0, "files copied instead of lent");
+        backend.shared.pause.set(false);
+        backend.flush().unwrap();
+        resume.join().unwrap();
+        for index in 0..files {
+            let written = std::fs::read(dir.path().join(format!("f{index}"))).unwrap();
+            assert_eq!(written, vec![index as u8; SIZE], "f{index}");
         }
     }
 
