@@ -54,8 +54,8 @@
 //! Memory: at most [`QUEUED_PER_LAYER`] batches queued in all (split evenly between the workers,
 //! at least 2 each), plus one being filled and one being written per worker, each batch with at
 //! most [`BATCH_BYTES`] of data: about 3 MiB of file data per layer with 1 or 2 workers, 4 MiB
-//! with 4. Data held as views counts toward a batch's bytes as copies do, and keeps whole buffers of
-//! the source alive: a lending source holds at most [`crate::LENT_BYTES`] of them lent at once
+//! with 4. Data held as views counts toward a batch's bytes as copies do, and keeps whole buffers
+//! of the source alive: a lending source holds at most [`crate::LENT_BYTES`] of them lent at once
 //! (its [`crate::Lender`]) and copies past that. Files above [`MAX_QUEUED_FILE`] are written by
 //! the extracting thread.
 
@@ -103,8 +103,8 @@ const BATCH_FILES: usize = 128;
 ///
 /// The queued batches' views must also stay well within the source's [`LENT_BYTES`]: each keeps
 /// its source buffers lent, and past that budget the source stops lending and every file is copied
-/// into its batch. With 32 batches (sessions 38-52) the queue, kept full since the extracting
-/// thread writes only when it is full, held about the whole budget of 8 MiB, and 40% of a 150k-file
+/// into its batch. The extracting thread writes only when the queue is full, so the queue stays
+/// full: 32 batches (until session 53) held about the whole budget of 8 MiB, and 40% of a 150k-file
 /// layer's files were copied; with 8, only the files that straddle two buffers are (2.5k). Measured
 /// on 2 cores (docs/performance.md, "What changed", session 53): that extraction into /dev/shm took
 /// 34 ms less (paired median of 16 alternating rounds, 13 of them faster) and 51 ms less CPU.

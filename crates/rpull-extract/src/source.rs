@@ -20,7 +20,8 @@ use bytes::Bytes;
 /// How much one source lends at most at once, in whole buffers: what the write threads' queued
 /// batches of one layer held as copies before views (32 batches of 256 KiB). Their queue is
 /// smaller than that since session 53 (`parallel.rs`, `QUEUED_PER_LAYER`: a queue that held the
-/// whole budget made the source copy 40% of a layer's small files), so their views never reach it.
+/// whole budget made the source copy 40% of a layer's small files): with the default number of
+/// write threads (at most 4) their views stay within it.
 ///
 /// Each source (a layer being extracted) has a [`Lender`] of its own, so that lent buffers come
 /// back to the source that lent them. With one lender for all the layers of a pull, a layer that
