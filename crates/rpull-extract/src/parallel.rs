@@ -1075,11 +1075,16 @@ mod tests {
         name: &CStr,
         data: &[u8],
     ) -> Result<u64, ExtractError> {
-        let file = NewFile {
+        backend.write_file(&new_file(parent, name, data.len()), &mut Cursor::new(data))
+    }
+
+    /// The regular file `name` in `parent`, of `size` bytes, mode 0644, with the tests' mtime.
+    fn new_file<'a>(parent: &'a Arc<OwnedFd>, name: &'a CStr, size: usize) -> NewFile<'a> {
+        NewFile {
             parent,
             name,
             entry: name.to_bytes(),
-            size: data.len() as u64,
+            size: size as u64,
             create_mode: 0o644,
             metadata: FileMetadata {
                 mode: None,
@@ -1090,8 +1095,7 @@ mod tests {
                 },
                 xattrs: &[],
             },
-        };
-        backend.write_file(&file, &mut Cursor::new(data))
+        }
     }
 
     /// What any thread of this process (each has its table in /proc/self/task/*/fd) has open
@@ -1498,27 +1502,13 @@ mod tests {
                 buffer.replace(bytes, BATCH_BYTES);
             }
             let name = std::ffi::CString::new(format!("f{index}")).unwrap();
-            let file = NewFile {
-                parent: &parent,
-                name: &name,
-                entry: name.to_bytes(),
-                size: SIZE as u64,
-                create_mode: 0o644,
-                metadata: FileMetadata {
-                    mode: None,
-                    owner: None,
-                    mtime: Timestamp {
-                        seconds: 1_600_000_000,
-                        nanoseconds: 5,
-                    },
-                    xattrs: &[],
-                },
-            };
             let mut data = LentFile {
                 buffer: &mut buffer,
                 left: SIZE,
             };
-            backend.write_file_from(&file, &mut data).unwrap();
+            backend
+                .write_file_from(&new_file(&parent, &name, SIZE), &mut data)
+                .unwrap();
         }
         assert!(backend.written_here >= 5, "{}", backend.written_here);
         assert_eq!(backend.copied, 0, "files copied instead of lent");
