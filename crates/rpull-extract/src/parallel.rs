@@ -1413,6 +1413,14 @@ mod tests {
         }
     }
 
+    /// Files `f0` to `f{count - 1}` in `dir` hold `size` bytes of their index each.
+    fn assert_files(dir: &Path, count: usize, size: usize) {
+        for index in 0..count {
+            let written = std::fs::read(dir.join(format!("f{index}"))).unwrap();
+            assert_eq!(written, vec![index as u8; size], "f{index}");
+        }
+    }
+
     #[test]
     fn a_full_queue_is_written_by_the_extracting_thread() {
         // Were the queue's last batches waited for, the worker would be resumed first.
@@ -1437,75 +1445,50 @@ mod tests {
         backend.shared.pause.set(false);
         backend.flush().unwrap();
         resume.join().unwrap();
-        for index in 0..files {
-            let written = std::fs::read(dir.path().join(format!("f{index}"))).unwrap();
-            assert_eq!(written, vec![index as u8; OWN_BATCH], "f{index}");
-        }
-    }
-
-    /// One file's data in a lending source's buffer, as a layer's `FileData` gives it.
-    struct LentFile<'a> {
-        buffer: &'a mut crate::source::LendingBuffer,
-        left: usize,
-    }
-
-    impl Read for LentFile<'_> {
-        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-            let available = self.fill_buf()?;
-            let count = available.len().min(out.len());
-            out[..count].copy_from_slice(&available[..count]);
-            self.consume(count);
-            Ok(count)
-        }
-    }
-
-    impl BufRead for LentFile<'_> {
-        fn fill_buf(&mut self) -> io::Result<&[u8]> {
-            let available = self.buffer.available();
-            Ok(&available[..self.left.min(available.len())])
-        }
-
-        fn consume(&mut self, count: usize) {
-            self.buffer.consume(count);
-            self.left -= count;
-        }
-    }
-
-    impl FileSource for LentFile<'_> {
-        fn lend_rest(&mut self) -> Option<bytes::Bytes> {
-            let view = self.buffer.lend(self.left)?;
-            self.left = 0;
-            Some(view)
-        }
+        assert_files(dir.path(), files, OWN_BATCH);
     }
 
     #[test]
     fn a_full_queue_still_takes_lent_files_as_views() {
-        // Files of 4 KiB from a source of 256 KiB buffers lending at most LENT_BYTES, as the
-        // pull's decoded buffers do: each buffer is one batch. The worker is held, so its batch,
-        // the queued ones and the one being filled keep their buffers lent all along, and the
-        // extracting thread writes the rest. All of them must fit in the lender's budget: past
-        // it the source stops lending and every file is copied into its batch.
+        // A layer of files of 4 KiB read as extraction reads it (a `SharedReader` lending within
+        // LENT_BYTES, each file's data from `TarSource::file_data`), in buffers of 56 whole
+        // entries (header and data), so that no file straddles two buffers and every one can be
+        // lent. The worker is held, so its batch, the queued ones and the one being filled keep
+        // their buffers lent all along, and the extracting thread writes the rest. All of them
+        // must fit in the lender's budget: past it the source stops lending and every file is
+        // copied into its batch.
         const SIZE: usize = 4096;
-        const PER_BUFFER: usize = BATCH_BYTES / SIZE;
-        let (dir, parent, mut backend, resume) = held_backend(2000);
-        let mut buffer = crate::source::LendingBuffer::new(crate::source::Lender::new(LENT_BYTES));
-        let files = (QUEUED_PER_LAYER + 8) * PER_BUFFER;
+        const PER_BUFFER: usize = 56;
+        let files = (QUEUED_PER_LAYER + 8) * (BATCH_BYTES / SIZE);
+        let mut builder = tar::Builder::new(Vec::new());
         for index in 0..files {
-            if buffer.available().is_empty() {
-                // The next buffer holds the next PER_BUFFER files, each of bytes of its index.
-                let mut bytes = buffer.take_back().unwrap_or_default();
-                bytes.clear();
-                for file in index..index + PER_BUFFER {
-                    bytes.resize(bytes.len() + SIZE, file as u8);
-                }
-                buffer.replace(bytes, BATCH_BYTES);
-            }
-            let name = std::ffi::CString::new(format!("f{index}")).unwrap();
-            let mut data = LentFile {
-                buffer: &mut buffer,
-                left: SIZE,
-            };
+            let mut header = tar::Header::new_gnu();
+            header.set_size(SIZE as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            builder
+                .append_data(
+                    &mut header,
+                    format!("f{index}"),
+                    &vec![index as u8; SIZE][..],
+                )
+                .unwrap();
+        }
+        let layer = builder.into_inner().unwrap();
+        let (dir, parent, mut backend, resume) = held_backend(2000);
+        let mut reader = crate::source::SharedReader::with_lender(
+            &layer[..],
+            PER_BUFFER * (512 + SIZE),
+            crate::source::Lender::new(LENT_BYTES),
+        );
+        let source = crate::forward::TarSource::new(&mut reader);
+        let mut archive = tar::Archive::new(source.clone());
+        for entry in archive.entries_with_seek().unwrap() {
+            let entry = entry.unwrap();
+            let name = std::ffi::CString::new(entry.path_bytes().into_owned()).unwrap();
+            let mut data = source
+                .file_data(entry.raw_file_position(), entry.size())
+                .unwrap();
             backend
                 .write_file_from(&new_file(&parent, &name, SIZE), &mut data)
                 .unwrap();
@@ -1515,10 +1498,7 @@ mod tests {
         backend.shared.pause.set(false);
         backend.flush().unwrap();
         resume.join().unwrap();
-        for index in 0..files {
-            let written = std::fs::read(dir.path().join(format!("f{index}"))).unwrap();
-            assert_eq!(written, vec![index as u8; SIZE], "f{index}");
-        }
+        assert_files(dir.path(), files, SIZE);
     }
 
     #[test]
