@@ -14,6 +14,11 @@
 //! copied into the write threads' batches); the time includes `finalize_tree`
 //! (directory metadata). `direct` sets `ExtractOptions::direct_writes`, as a pull that syncs does
 //! (big files on ext4 written with `O_DIRECT`).
+//!
+//! Without a backend argument the library's default is used (`Std`, as a pull): `auto` is
+//! `IoBackendKind::Auto`, which takes io_uring wherever the kernel has it, and is not what a pull
+//! chooses for a destination (a 150k-file layer into /dev/shm took 2.88 s with `auto` against
+//! 0.80 s with `std 2`, one run each, session 54).
 
 use std::io::Write;
 use std::time::Instant;
