@@ -73,8 +73,8 @@ impl EntryMetadata {
 ///
 /// Both readers give the same value wherever the first answers; the first is there for speed:
 /// the tar crate makes a `str` of each field and parses it with `from_str_radix`, about 300
-/// instructions a field against about 30, and four fields a header are read here (session 55,
-/// callgrind: 20% of the user-space instructions of extracting a layer of small files).
+/// instructions a field, and reading the common form here saves about 170 of them (session 55,
+/// callgrind of a layer of small files: 11% of the extraction's user-space instructions).
 fn numeric(raw: &[u8], parse: impl FnOnce() -> io::Result<u64>) -> io::Result<u64> {
     if let Some(value) = plain_octal(raw) {
         return Ok(value);
