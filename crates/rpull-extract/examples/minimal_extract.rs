@@ -206,6 +206,9 @@ fn parse(tar: &str, root: &str, by_dir: bool, mut on_batch: impl FnMut(Vec<File>
             };
             assert!(dir >= 0, "making {path:?}");
             dirs.insert(name, dir);
+            if padded > 0 {
+                reader.take(padded).expect("a directory's data");
+            }
             continue;
         }
         assert!(
