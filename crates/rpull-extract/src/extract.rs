@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
@@ -13,7 +13,6 @@ use tracing::{debug, instrument, warn};
 
 use crate::backend::{FileMetadata, IoBackend, NewFile, new_backend};
 use crate::error::{ExtractError, entry_path, escape, invalid, io_error};
-use crate::forward::TarSource;
 use crate::metadata::{Creation, EntryMetadata, XattrPolicy, apply_nofollow};
 use crate::name::{normalize, split_parent};
 use crate::options::ExtractOptions;
@@ -21,11 +20,12 @@ use crate::remove::remove_all_at;
 use crate::resolve::{Tree, file_type_at, lossy};
 use crate::source::{LayerSource, NoLending};
 use crate::summary::{DeferredHardlink, DirectoryMetadata, LayerSummary};
+use crate::walk::TarWalk;
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 /// The buffer a regular file's data is read through when it cannot be read straight from the
-/// source: a GNU sparse file, whose data the tar crate interleaves with holes.
+/// source: a GNU sparse file, whose data the walk interleaves with holes.
 const SPARSE_BUFFER: usize = 64 * 1024;
 
 /// Extracts one layer tar (uncompressed) into `target`: an existing empty staging directory, or the
@@ -78,9 +78,6 @@ pub(crate) fn extract_with(
     backend: &mut dyn IoBackend,
 ) -> Result<LayerSummary, ExtractError> {
     let _gate = crate::backend::syscall::GateScope::enter(options.create_gate.clone());
-    // The tar crate reads headers and skips through one handle; the extractor reads regular
-    // files' data past it through another (see `TarSource` for why).
-    let source = TarSource::new(tar);
     let tree = Tree::open(target)?;
     let creation = Creation::probe(target, tree.root());
     let mut extractor = Extractor {
@@ -88,7 +85,6 @@ pub(crate) fn extract_with(
         creation,
         options,
         backend,
-        source: source.clone(),
         summary: LayerSummary::default(),
         xattrs: XattrPolicy::new(options.chown),
         metadata: EntryMetadata::default(),
@@ -98,20 +94,22 @@ pub(crate) fn extract_with(
         deferred: HashSet::new(),
         warned_special: false,
     };
-    let mut archive = tar::Archive::new(source);
-    let entries = archive
-        .entries_with_seek()
-        .map_err(|source| ExtractError::Tar {
-            entry: Default::default(),
-            source,
-        })?;
-    let walked = entries.into_iter().try_for_each(|entry| {
-        let mut entry = entry.map_err(|source| ExtractError::Tar {
-            entry: entry_path(&extractor.path),
-            source,
-        })?;
-        extractor.entry(&mut entry)
-    });
+    let mut walk = TarWalk::new(tar);
+    let walked = loop {
+        match walk.next_entry() {
+            Ok(true) => {}
+            Ok(false) => break Ok(()),
+            Err(source) => {
+                break Err(ExtractError::Tar {
+                    entry: entry_path(&extractor.path),
+                    source,
+                });
+            }
+        }
+        if let Err(error) = extractor.entry(&mut walk) {
+            break Err(error);
+        }
+    };
     // The backend's deferred work comes first in tar order: its error, if any, is the one to
     // report (an entry may have failed only because a write thread had).
     let flushed = extractor.flush();
@@ -132,15 +130,13 @@ pub(crate) fn extract_with(
     Ok(summary)
 }
 
-struct Extractor<'a, 't> {
+struct Extractor<'a> {
     tree: Tree,
     /// What a new file gets without asking (skips `fchmod`/`fchown` that would change nothing).
     creation: Creation,
     options: &'a ExtractOptions,
     /// Writes the regular files and runs the namespace operations (mkdir, symlink, link, unlink).
     backend: &'a mut dyn IoBackend,
-    /// The layer tar, to read regular files' data past the tar crate.
-    source: TarSource<'t>,
     summary: LayerSummary,
     xattrs: XattrPolicy,
     metadata: EntryMetadata,
@@ -155,9 +151,9 @@ struct Extractor<'a, 't> {
     warned_special: bool,
 }
 
-impl Extractor<'_, '_> {
-    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), ExtractError> {
-        let kind = entry.header().entry_type();
+impl Extractor<'_> {
+    fn entry(&mut self, walk: &mut TarWalk<'_>) -> Result<(), ExtractError> {
+        let kind = walk.header().entry_type();
         if matches!(
             kind,
             EntryType::XGlobalHeader
@@ -167,22 +163,24 @@ impl Extractor<'_, '_> {
         ) {
             return Ok(());
         }
-        if let Err(detail) = normalize(&entry.path_bytes(), &mut self.path) {
-            return Err(escape(&entry.path_bytes(), detail));
+        let raw_path = walk.path_bytes();
+        if let Err(detail) = normalize(&raw_path, &mut self.path) {
+            return Err(escape(&raw_path, detail));
         }
+        drop(raw_path);
         self.summary.entries += 1;
         // Move the buffers out so that slices of them can be passed to `&mut self` methods.
         let path = std::mem::take(&mut self.path);
         let mut name = std::mem::take(&mut self.name);
-        let result = self.entry_at(entry, kind, &path, &mut name);
+        let result = self.entry_at(walk, kind, &path, &mut name);
         self.path = path;
         self.name = name;
         result
     }
 
-    fn entry_at<R: Read>(
+    fn entry_at(
         &mut self,
-        entry: &mut tar::Entry<'_, R>,
+        walk: &mut TarWalk<'_>,
         kind: EntryType,
         path: &[u8],
         name_buffer: &mut Vec<u8>,
@@ -192,7 +190,7 @@ impl Extractor<'_, '_> {
             return self.whiteout(path, parent, name, hidden);
         }
         self.metadata
-            .read(entry)
+            .read(walk.header(), walk.pax_extensions())
             .map_err(|source| ExtractError::Tar {
                 entry: entry_path(path),
                 source,
@@ -218,22 +216,22 @@ impl Extractor<'_, '_> {
         match kind {
             EntryType::Directory => self.directory(path, parent, name),
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                self.file(entry, path, parent, name)
+                self.file(walk, path, parent, name)
             }
             EntryType::Symlink => {
-                let target = entry
+                let target = walk
                     .link_name_bytes()
                     .ok_or_else(|| invalid(path, "symlink without a target"))?;
                 self.symlink(path, parent, name, &target)
             }
             EntryType::Link => {
-                let target = entry
+                let target = walk
                     .link_name_bytes()
                     .ok_or_else(|| invalid(path, "hardlink without a target"))?;
                 self.hardlink(path, parent, name, &target)
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
-                self.special(entry, kind, path, parent, name)
+                self.special(walk.header(), kind, path, parent, name)
             }
             other => {
                 debug!(entry = %lossy(path), kind = ?other, "skipping unsupported tar entry type");
@@ -309,14 +307,14 @@ impl Extractor<'_, '_> {
         Ok(())
     }
 
-    fn file<R: Read>(
+    fn file(
         &mut self,
-        entry: &mut tar::Entry<'_, R>,
+        walk: &mut TarWalk<'_>,
         path: &[u8],
         parent: &[u8],
         name: &CStr,
     ) -> Result<(), ExtractError> {
-        let size = entry.size();
+        let size = walk.size();
         let (create_mode, mode, owner) = self.creation.plan(
             self.metadata.mode,
             self.metadata.uid,
@@ -339,17 +337,13 @@ impl Extractor<'_, '_> {
                 xattrs: &self.metadata.xattrs,
             },
         };
-        // The data straight from the source's buffers, unless the tar crate has to map it (a GNU
-        // sparse file) or has read some of it already (never, as entries are walked here).
-        let direct = match entry.header().entry_type() {
-            EntryType::GNUSparse => None,
-            _ => self.source.file_data(entry.raw_file_position(), size),
-        };
-        let written = match direct {
-            Some(mut data) => self.backend.write_file_from(&file, &mut data)?,
-            None => self
-                .backend
-                .write_file(&file, &mut BufReader::with_capacity(SPARSE_BUFFER, entry))?,
+        // The data straight from the source's buffers, unless the walk has to map it (a GNU sparse
+        // file).
+        let written = if walk.is_sparse() {
+            let mut data = BufReader::with_capacity(SPARSE_BUFFER, walk.sparse_data());
+            self.backend.write_file(&file, &mut data)?
+        } else {
+            self.backend.write_file_from(&file, &mut walk.file_data())?
         };
         if self.backend.take_replaced() {
             // What was removed may have been a cached directory or a symlink on a cached path.
@@ -479,9 +473,9 @@ impl Extractor<'_, '_> {
         Ok(())
     }
 
-    fn special<R: Read>(
+    fn special(
         &mut self,
-        entry: &tar::Entry<'_, R>,
+        header: &tar::Header,
         kind: EntryType,
         path: &[u8],
         parent: &[u8],
@@ -501,7 +495,6 @@ impl Extractor<'_, '_> {
         if self.backend.has_pending() {
             self.flush()?;
         }
-        let header = entry.header();
         let major = header.device_major().ok().flatten().unwrap_or(0);
         let minor = header.device_minor().ok().flatten().unwrap_or(0);
         let file_type = match kind {

@@ -10,7 +10,6 @@ mod error;
 mod extract;
 mod filesystem;
 mod finalize;
-mod forward;
 mod merge;
 mod metadata;
 mod name;
@@ -21,6 +20,7 @@ mod resolve;
 mod source;
 mod summary;
 mod uring;
+mod walk;
 
 pub use backend::{FileMetadata, FileSource, IoBackend, NewFile, StdBackend, TAR_READ_BUFFER};
 pub use error::ExtractError;

@@ -27,9 +27,12 @@ pub(crate) struct EntryMetadata {
 
 impl EntryMetadata {
     /// Reads the header fields and the pax records (`mtime` with sub-second precision,
-    /// `SCHILY.xattr.*`); the tar crate already applied pax `uid`, `gid`, `size`, `path`, `linkpath`.
-    pub(crate) fn read<R: io::Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> io::Result<()> {
-        let header = entry.header();
+    /// `SCHILY.xattr.*`); the walk already applied pax `uid`, `gid`, `size`, `path`, `linkpath`.
+    pub(crate) fn read(
+        &mut self,
+        header: &tar::Header,
+        pax: Option<tar::PaxExtensions<'_>>,
+    ) -> io::Result<()> {
         let raw = header.as_bytes();
         self.mode = numeric(&raw[100..108], || header.mode().map(u64::from))? as u32 & 0o7777;
         self.uid = u32::try_from(numeric(&raw[108..116], || header.uid())?)
@@ -42,7 +45,7 @@ impl EntryMetadata {
             nanoseconds: 0,
         };
         self.xattrs.clear();
-        if let Some(extensions) = entry.pax_extensions()? {
+        if let Some(extensions) = pax {
             for extension in extensions {
                 let extension = extension?;
                 let key = extension.key_bytes();
@@ -88,7 +91,7 @@ fn numeric(raw: &[u8], parse: impl FnOnce() -> io::Result<u64>) -> io::Result<u6
 
 /// `field` up to its first NUL, less ASCII whitespace at both ends, when that is 1 to 21 octal
 /// digits (so that the value fits 64 bits); `None` for anything else.
-fn plain_octal(field: &[u8]) -> Option<u64> {
+pub(crate) fn plain_octal(field: &[u8]) -> Option<u64> {
     let end = field
         .iter()
         .position(|byte| *byte == 0)

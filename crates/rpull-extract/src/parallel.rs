@@ -1451,7 +1451,7 @@ mod tests {
     #[test]
     fn a_full_queue_still_takes_lent_files_as_views() {
         // A layer of files of 4 KiB read as extraction reads it (a `SharedReader` lending within
-        // LENT_BYTES, each file's data from `TarSource::file_data`), in buffers of 56 whole
+        // LENT_BYTES, each file's data from `TarWalk::file_data`), in buffers of 56 whole
         // entries (header and data), so that no file straddles two buffers and every one can be
         // lent. The worker is held, so its batch, the queued ones and the one being filled keep
         // their buffers lent all along, and the extracting thread writes the rest. All of them
@@ -1481,16 +1481,11 @@ mod tests {
             PER_BUFFER * (512 + SIZE),
             crate::source::Lender::new(LENT_BYTES),
         );
-        let source = crate::forward::TarSource::new(&mut reader);
-        let mut archive = tar::Archive::new(source.clone());
-        for entry in archive.entries_with_seek().unwrap() {
-            let entry = entry.unwrap();
-            let name = std::ffi::CString::new(entry.path_bytes().into_owned()).unwrap();
-            let mut data = source
-                .file_data(entry.raw_file_position(), entry.size())
-                .unwrap();
+        let mut walk = crate::walk::TarWalk::new(&mut reader);
+        while walk.next_entry().unwrap() {
+            let name = std::ffi::CString::new(walk.path_bytes().into_owned()).unwrap();
             backend
-                .write_file_from(&new_file(&parent, &name, SIZE), &mut data)
+                .write_file_from(&new_file(&parent, &name, SIZE), &mut walk.file_data())
                 .unwrap();
         }
         assert!(backend.written_here >= 5, "{}", backend.written_here);
