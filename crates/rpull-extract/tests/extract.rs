@@ -25,6 +25,7 @@ backend_tests!(
     a_held_create_gate_holds_back_files_directories_and_symlinks,
     file_data_spanning_many_source_buffers,
     gnu_sparse_file_gets_its_holes,
+    an_extension_header_over_1_mib_is_refused,
 );
 
 use std::fs;
@@ -901,4 +902,43 @@ fn gnu_sparse_file_gets_its_holes() {
     expected.extend_from_slice(&[b'b'; 512]);
     assert_eq!(fs::read(sandbox.root.join("sparse")).unwrap(), expected);
     assert_eq!(fs::read(sandbox.root.join("after")).unwrap(), b"later");
+}
+
+/// A GNU long name (or pax header) of more than 1 MiB is refused before it is read, as Go's
+/// `archive/tar` refuses it: the layer fails with a tar error naming the entry before it, and the
+/// entries before it are written as usual.
+fn an_extension_header_over_1_mib_is_refused() {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(5);
+    header.set_mode(0o644);
+    header.set_mtime(MTIME);
+    builder
+        .append_data(&mut header, "before", &b"first"[..])
+        .unwrap();
+    let mut long = tar::Header::new_gnu();
+    long.set_path("././@LongLink").unwrap();
+    long.set_entry_type(EntryType::GNULongName);
+    let name = vec![b'n'; (1 << 20) + 1];
+    long.set_size(name.len() as u64);
+    long.set_cksum();
+    builder.append(&long, name.as_slice()).unwrap();
+    let mut file = tar::Header::new_gnu();
+    file.set_size(1);
+    file.set_mode(0o644);
+    builder.append_data(&mut file, "short", &b"x"[..]).unwrap();
+    let layer = builder.into_inner().unwrap();
+
+    let sandbox = Sandbox::new();
+    let error = extract_layer(layer.as_slice(), &sandbox.root, &common::options()).unwrap_err();
+    let ExtractError::Tar { entry, source } = &error else {
+        panic!("expected a tar error, got {error:?}");
+    };
+    assert_eq!(entry, Path::new("before"));
+    assert_eq!(
+        source.to_string(),
+        "a long name entry of 1048577 bytes (at most 1048576)"
+    );
+    assert_eq!(fs::read(sandbox.root.join("before")).unwrap(), b"first");
+    assert!(!sandbox.root.join("short").exists());
 }
