@@ -633,6 +633,14 @@ mod tests {
         data: Vec<u8>,
     }
 
+    /// The well-formed pax records, as (key, value).
+    fn records(extensions: PaxExtensions<'_>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        extensions
+            .filter_map(Result::ok)
+            .map(|record| (record.key_bytes().to_vec(), record.value_bytes().to_vec()))
+            .collect()
+    }
+
     /// The entries of `layer` through the walk, read from buffers of `buffer` bytes; `Err` after
     /// the last entry when the walk ended in an error.
     fn walked(layer: &[u8], buffer: usize) -> (Vec<Seen>, Result<(), String>) {
@@ -653,12 +661,7 @@ mod tests {
             let pax = walk
                 .pax_extensions()
                 .filter(|_| !matches!(kind, EntryType::XHeader | EntryType::XGlobalHeader))
-                .map(|records| {
-                    records
-                        .filter_map(Result::ok)
-                        .map(|r| (r.key_bytes().to_vec(), r.value_bytes().to_vec()))
-                        .collect()
-                });
+                .map(records);
             let mut data = Vec::new();
             let read = if walk.is_sparse() {
                 walk.sparse_data().read_to_end(&mut data)
@@ -703,12 +706,7 @@ mod tests {
                 None
             } else {
                 match entry.pax_extensions() {
-                    Ok(records) => records.map(|records| {
-                        records
-                            .filter_map(Result::ok)
-                            .map(|r| (r.key_bytes().to_vec(), r.value_bytes().to_vec()))
-                            .collect()
-                    }),
+                    Ok(extensions) => extensions.map(records),
                     Err(error) => return (seen, Err(error.to_string())),
                 }
             };
