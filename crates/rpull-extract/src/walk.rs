@@ -418,22 +418,18 @@ impl<'a> TarWalk<'a> {
         self.header.entry_type() == EntryType::GNUSparse
     }
 
-    /// The current entry's data not yet read, straight from the source's buffers. For a GNU
-    /// sparse file, its stored data without the holes.
+    /// The current entry's data not yet read, straight from the source's buffers; not for a GNU
+    /// sparse file, whose data is read through [`sparse_data`](Self::sparse_data).
     pub(crate) fn file_data(&mut self) -> FileData<'_, 'a> {
-        let stored_end = self.next.min(self.data_start.saturating_add(self.stored()));
+        debug_assert!(
+            !self.is_sparse(),
+            "a sparse file's data is read with its holes"
+        );
+        // Within the archive: `read_header` checked that the entry's padded end fits a u64.
+        let end = self.data_start + self.size;
         FileData {
-            remaining: stored_end.saturating_sub(self.stream.position),
+            remaining: end.saturating_sub(self.stream.position),
             stream: &mut self.stream,
-        }
-    }
-
-    /// The current entry's data as stored: for a GNU sparse file, the sum of its blocks.
-    fn stored(&self) -> u64 {
-        if self.is_sparse() {
-            self.sparse.iter().map(|(_, length)| length).sum()
-        } else {
-            self.size
         }
     }
 
